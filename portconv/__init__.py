@@ -1,0 +1,33 @@
+"""portconv: one convolution API (forward, grad input, grad weight, grad bias) across CUDA, HIP and OpenCL."""
+from .backends import BackendId, Problem
+from .device import Availability, DeviceInfo
+from .errors import BackendUnavailable, ConvError, Unsupported, VendorImportError
+from .functional import (
+    conv1d,
+    conv2d,
+    conv3d,
+    conv_transpose1d,
+    conv_transpose2d,
+    conv_transpose3d,
+    convolution,
+    convolution_backward,
+    plan,
+)
+from .params import ConvParams
+from .plan import Plan, use_backend
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Availability", "BackendId", "BackendUnavailable", "ConvError", "ConvParams", "DeviceInfo", "Plan", "Problem",
+    "Unsupported", "VendorImportError", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+    "conv_transpose3d", "convolution", "convolution_backward", "plan", "use_backend",
+]
+
+
+def __getattr__(name):  # lazy submodules: portconv.nn, portconv.conformance, portconv.rules
+    import importlib
+
+    if name in ("nn", "conformance", "rules", "cli"):
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'portconv' has no attribute {name!r}")

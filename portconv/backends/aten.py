@@ -1,0 +1,72 @@
+"""The aten backend: PyTorch's own convolution on the tensors' device (ATen picks its kernel; we report which)."""
+from __future__ import annotations
+
+from .. import device as _device
+from ..device import Availability
+from ..errors import Unsupported
+from . import Backend, BackendId, Choice
+
+
+def _pad_extra(x, params):
+    """Apply padding='same''s extra high-side padding to the input, as torch.nn.functional does."""
+    import torch.nn.functional as F
+
+    pads = []
+    for e in reversed(params.padding_extra):
+        pads += [0, e]
+    return F.pad(x, pads)
+
+
+class AtenBackend(Backend):
+    id = BackendId.ATEN
+
+    def probe(self) -> Availability:
+        return Availability.yes("PyTorch is always present")
+
+    def device_for(self, problem):
+        spec = problem.input
+        if spec.kind != "torch":
+            raise Unsupported(f"the aten backend takes torch tensors, not {spec.kind} arrays")
+        if spec.device_type == "cpu":
+            return _device.host_cpu()
+        if spec.device_type == "cuda":
+            return _device.from_torch_cuda(spec.device_index or 0)
+        raise Unsupported(f"tensors on {spec.device} are not handled by portconv's aten backend")
+
+    def choose(self, problem, device):
+        import torch
+
+        p = problem.params
+        inp = torch.empty_strided(problem.input.shape, problem.input.strides, dtype=getattr(torch, problem.dtype),
+                                  device="meta")
+        w = torch.empty_strided(problem.weight.shape, problem.weight.strides, dtype=inp.dtype, device="meta")
+        try:
+            which = torch._C._select_conv_backend(inp, w, None, list(p.stride), list(p.padding), list(p.dilation),
+                                                  p.transposed, list(p.output_padding), p.groups, None)
+            name = str(which).split(".")[-1]
+        except RuntimeError as e:
+            name = f"(ATen decides at run time: {e})"
+        fmt = problem.input.memory_format
+        return Choice(f"aten:{name}", fmt, "PyTorch's native convolution (reference path)",
+                      math="tf32" if (device.vendor == "nvidia" and problem.dtype == "float32"
+                                      and torch.backends.cudnn.allow_tf32) else "ieee")
+
+    def forward(self, plan, input, weight, bias):
+        import torch
+
+        p = plan.problem.params
+        if any(p.padding_extra):
+            input = _pad_extra(input, p)
+        return torch.ops.aten.convolution(input, weight, bias, **p.as_aten())
+
+    def backward(self, plan, grad_output, input, weight, output_mask):
+        import torch
+
+        p = plan.problem.params
+        x = _pad_extra(input, p) if any(p.padding_extra) else input
+        bias_sizes = [weight.shape[1] * p.groups if p.transposed else weight.shape[0]]
+        gi, gw, gb = torch.ops.aten.convolution_backward(grad_output, x, weight, bias_sizes, **p.as_aten(),
+                                                         output_mask=list(output_mask))
+        if gi is not None and any(p.padding_extra):
+            gi = gi[(slice(None), slice(None)) + tuple(slice(0, s) for s in input.shape[2:])]
+        return gi, gw, gb

@@ -1,0 +1,40 @@
+"""Environment knobs, gathered in one place and read on use (so tests and context managers can change them)."""
+from __future__ import annotations
+
+import os
+
+# name -> help text, printed by `portconv devices`
+KNOBS = {
+    "PORTCONV_BACKEND": "force one backend for every call (opencl, cuda, hip, cudnn, miopen, aten)",
+    "PORTCONV_DISABLE": "comma-separated backends the planner must not choose",
+    "PORTCONV_OPENCL_DEVICE": "OpenCL device for CPU tensors: 'P:D' indices or a substring of platform/device name",
+    "PORTCONV_POISON": "1: fill outputs with NaN before kernels run (the conformance suite sets it)",
+    "PORTCONV_CACHE_DIR": "directory for compiled kernels and tuning results (default ~/.cache/portconv)",
+    "PORTCONV_TUNE": "1: time candidate algorithms once per problem and persist the winner",
+}
+
+
+def get(name: str, default: str | None = None) -> str | None:
+    assert name in KNOBS, name
+    v = os.environ.get(name)
+    return v if v not in (None, "") else default
+
+
+def backend() -> str | None:
+    return get("PORTCONV_BACKEND")
+
+
+def disabled() -> frozenset[str]:
+    return frozenset(s.strip().lower() for s in (get("PORTCONV_DISABLE") or "").split(",") if s.strip())
+
+
+def poison() -> bool:
+    return get("PORTCONV_POISON", "0") not in ("0", "false", "no")
+
+
+def tune() -> bool:
+    return get("PORTCONV_TUNE", "0") not in ("0", "false", "no")
+
+
+def cache_dir() -> str:
+    return get("PORTCONV_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "portconv")

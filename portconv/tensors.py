@@ -1,0 +1,107 @@
+"""TensorSpec: what the planner knows of a tensor (shape, strides, dtype, device), read without vendor imports."""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+# numpy/cupy/pyopencl dtype names -> torch dtype names (the names portconv uses everywhere)
+_NUMPY_TO_TORCH = {"float32": "float32", "float64": "float64", "float16": "float16", "bfloat16": "bfloat16",
+                   "int8": "int8", "int16": "int16", "int32": "int32", "int64": "int64", "uint8": "uint8",
+                   "bool": "bool", "complex64": "complex64", "complex128": "complex128"}
+FLOATING = ("float32", "float64", "float16", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]  # in elements
+    dtype: str  # torch dtype name without the 'torch.' prefix
+    device_type: str  # 'cpu', 'cuda', 'opencl', 'mps', 'xpu', 'meta', ...
+    device_index: int | None = None
+    kind: str = "torch"  # 'torch', 'pyopencl', 'cupy'
+
+    @property
+    def dim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def device(self) -> str:
+        return self.device_type if self.device_index is None else f"{self.device_type}:{self.device_index}"
+
+    @property
+    def memory_format(self) -> str:
+        """c10 ``suggest_memory_format``: 'channels_last', 'channels_last_3d' or 'contiguous'."""
+        return suggest_memory_format(self.shape, self.strides)
+
+    def is_contiguous(self, memory_format: str = "contiguous") -> bool:
+        return tuple(self.strides) == tuple(dense_strides(self.shape, memory_format)) or self.numel <= 1
+
+    def with_shape(self, shape: Sequence[int], strides: Sequence[int] | None = None) -> TensorSpec:
+        shape = tuple(shape)
+        return dataclasses.replace(self, shape=shape, strides=tuple(strides or dense_strides(shape)))
+
+
+def dense_strides(shape: Sequence[int], memory_format: str = "contiguous") -> tuple[int, ...]:
+    """Strides of a dense tensor of ``shape`` in ``memory_format`` (channels-last puts C innermost)."""
+    n = len(shape)
+    order = list(range(n))  # outermost first
+    if memory_format in ("channels_last", "channels_last_3d") and n >= 3:
+        order = [0] + list(range(2, n)) + [1]
+    strides = [0] * n
+    acc = 1
+    for d in reversed(order):
+        strides[d] = acc
+        acc *= max(shape[d], 1)
+    return tuple(strides)
+
+
+def _strides_like_channels_last(sizes: Sequence[int], strides: Sequence[int], order: Sequence[int]) -> bool:
+    # c10/core/MemoryFormat.h is_channels_last_strides_2d_s4 / _3d_s5
+    if strides[1] == 0:
+        return False
+    lo = 0
+    for d in order:
+        if sizes[d] == 0 or strides[d] < lo:
+            return False
+        if d == 0 and lo == strides[1]:
+            return False
+        lo = strides[d]
+        if sizes[d] > 1:
+            lo *= sizes[d]
+    return True
+
+
+def suggest_memory_format(shape: Sequence[int], strides: Sequence[int]) -> str:
+    if len(shape) == 4 and _strides_like_channels_last(shape, strides, (1, 3, 2, 0)):
+        return "channels_last"
+    if len(shape) == 5 and _strides_like_channels_last(shape, strides, (1, 4, 3, 2, 0)):
+        return "channels_last_3d"
+    return "contiguous"
+
+
+def torch_dtype_name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def spec_of(x) -> TensorSpec:
+    """Describe a torch tensor, pyopencl array or cupy array; raises TypeError for anything else."""
+    mod = type(x).__module__ or ""
+    if mod.startswith("torch"):
+        dev = x.device
+        return TensorSpec(tuple(x.shape), tuple(x.stride()), torch_dtype_name(x.dtype), dev.type, dev.index, "torch")
+    if mod.startswith("pyopencl"):
+        item = x.dtype.itemsize
+        dt = _NUMPY_TO_TORCH.get(x.dtype.name, x.dtype.name)
+        return TensorSpec(tuple(x.shape), tuple(s // item for s in x.strides), dt, "opencl", None, "pyopencl")
+    if mod.startswith("cupy"):
+        item = x.dtype.itemsize
+        dt = _NUMPY_TO_TORCH.get(x.dtype.name, x.dtype.name)
+        return TensorSpec(tuple(x.shape), tuple(s // item for s in x.strides), dt, "cuda", x.device.id, "cupy")
+    raise TypeError(f"portconv takes torch tensors, pyopencl arrays or cupy arrays, not {type(x).__name__}")
