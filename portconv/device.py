@@ -130,8 +130,8 @@ def from_opencl(dev, platform_index: int, device_index: int) -> DeviceInfo:
     wave = None
     if vendor == "nvidia":
         wave = 32
-    elif vendor == "amd":
-        wave = int(getattr(dev, "wavefront_width_amd", 64) or 64)
+    elif vendor == "amd":  # Mesa's drivers for AMD GPUs lack the AMD query extension: querying it would raise
+        wave = int(dev.wavefront_width_amd or 64) if "cl_amd_device_attribute_query" in exts else 64
     arch = platform.machine() if kind == "cpu" else dev.name
     versions = (("driver", dev.driver_version), ("opencl", dev.version), ("platform", plat.version),
                 ("pyopencl", cl.VERSION_TEXT))

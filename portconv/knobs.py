@@ -7,7 +7,8 @@ import os
 KNOBS = {
     "PORTCONV_BACKEND": "force one backend for every call (opencl, cuda, hip, cudnn, miopen, aten)",
     "PORTCONV_DISABLE": "comma-separated backends the planner must not choose",
-    "PORTCONV_OPENCL_DEVICE": "OpenCL device for CPU tensors: 'P:D' indices or a substring of platform/device name",
+    "PORTCONV_OPENCL_DEVICE": ("OpenCL device for CPU tensors: 'P:D' indices, 'gpu', 'cpu' or a substring of the "
+                               "platform/device name (default: the first GPU, else the first CPU device)"),
     "PORTCONV_POISON": "1: fill outputs with NaN before kernels run (the conformance suite sets it)",
     "PORTCONV_CACHE_DIR": "directory for compiled kernels and tuning results (default ~/.cache/portconv)",
     "PORTCONV_TUNE": "1: time candidate algorithms once per problem and persist the winner",

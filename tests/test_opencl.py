@@ -1,0 +1,359 @@
+"""The opencl backend against PyTorch in float64: every direction, dtype, layout and tensor type it takes."""
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import require_backend
+
+import portconv
+from portconv.backends import Problem, get
+from portconv.backends import _cl_runtime as rt
+from portconv.backends.opencl import output_memory_format
+from portconv.errors import Unsupported
+from portconv.params import ConvParams
+from portconv.plan import select
+from portconv.tensors import TensorSpec, spec_of
+
+# error relative to max|reference|: output rounding (half: 2^-11, bfloat16: 2^-8) plus accumulation
+TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+CL_FMT = {2: torch.channels_last, 3: torch.channels_last_3d}
+
+
+@pytest.fixture(autouse=True)
+def _opencl(monkeypatch):
+    monkeypatch.setenv("PORTCONV_POISON", "1")  # unwritten output elements stay NaN and fail the comparison
+    require_backend("opencl")
+
+
+def reference(x, w, b, p: ConvParams, go, mask=(True, True, True)):
+    """aten.convolution / convolution_backward on float64 copies (padding='same''s extra padding applied first)."""
+    x64, w64 = x.detach().double(), w.detach().double()
+    pads = [v for e in reversed(p.padding_extra) for v in (0, e)]
+    xp = F.pad(x64, pads) if any(p.padding_extra) else x64
+    y = torch.ops.aten.convolution(xp, w64, None if b is None else b.detach().double(), **p.as_aten())
+    if go is None:
+        return y, None, None, None
+    bias_sizes = [w.shape[1] * p.groups if p.transposed else w.shape[0]]
+    gi, gw, gb = torch.ops.aten.convolution_backward(go.double(), xp, w64, bias_sizes, **p.as_aten(),
+                                                     output_mask=list(mask))
+    if gi is not None and any(p.padding_extra):
+        gi = gi[(slice(None), slice(None)) + tuple(slice(0, s) for s in x.shape[2:])]
+    return y, gi, gw, gb
+
+
+def check(out, ref, dtype, what):
+    assert out is not None, what
+    assert out.dtype == dtype, f"{what}: dtype {out.dtype}"
+    assert tuple(out.shape) == tuple(ref.shape), f"{what}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    out64 = out.double()
+    assert torch.isfinite(out64).all(), f"{what}: {int((~torch.isfinite(out64)).sum())} non-finite elements"
+    assert torch.isfinite(ref).all(), f"{what}: reference not finite"
+    err = (out64 - ref).abs().max().item() if ref.numel() else 0.0
+    scale = max(ref.abs().max().item() if ref.numel() else 0.0, 1e-6)
+    assert err <= TOL[dtype] * scale, f"{what}: max abs error {err:.3g} vs max |ref| {scale:.3g}"
+
+
+# (id, rank, N, Cin, Cout, spatial, kernel, stride, padding, dilation, groups, transposed, output_padding)
+CASES = [
+    ("1d", 1, 2, 3, 4, (17,), (3,), 1, 1, 1, 1, False, 0),
+    ("1d-stride-dil", 1, 2, 4, 6, (23,), (3,), 2, 3, 2, 2, False, 0),
+    ("1d-depthwise-m2", 1, 2, 3, 6, (16,), (5,), 1, 2, 1, 3, False, 0),
+    ("1d-transposed", 1, 2, 4, 3, (9,), (4,), 2, 1, 1, 1, True, 1),
+    ("1d-same-even", 1, 1, 2, 3, (12,), (4,), 1, "same", 1, 1, False, 0),
+    ("2d", 2, 2, 3, 5, (9, 8), (3, 3), 1, 1, 1, 1, False, 0),
+    ("2d-stride-pad-dil", 2, 2, 4, 6, (13, 11), (3, 2), (2, 3), (1, 0), (1, 2), 2, False, 0),
+    ("2d-groups3", 2, 1, 6, 9, (7, 7), (3, 3), 1, 1, 1, 3, False, 0),
+    ("2d-depthwise-m1", 2, 2, 4, 4, (10, 9), (3, 3), 1, 1, 1, 4, False, 0),
+    ("2d-depthwise-m2", 2, 2, 3, 6, (11, 10), (3, 3), 2, 1, 1, 3, False, 0),
+    ("2d-pointwise-s2", 2, 2, 5, 4, (8, 7), (1, 1), 2, 0, 1, 1, False, 0),
+    ("2d-kernel-over-input", 2, 1, 2, 3, (3, 4), (5, 5), 1, 2, 1, 1, False, 0),
+    ("2d-transposed", 2, 2, 4, 3, (5, 6), (3, 3), 2, 1, 1, 1, True, 1),
+    ("2d-transposed-groups-dil", 2, 1, 4, 6, (5, 4), (3, 2), (2, 1), (1, 0), 2, 2, True, (1, 0)),
+    ("2d-transposed-depthwise", 2, 2, 3, 3, (6, 5), (3, 3), 2, 1, 1, 3, True, 1),
+    ("2d-same-even", 2, 2, 3, 4, (8, 7), (2, 4), 1, "same", 1, 1, False, 0),
+    ("2d-same-dil", 2, 1, 2, 2, (9, 9), (2, 3), 1, "same", 2, 1, False, 0),
+    ("2d-long-reduction", 2, 4, 2, 3, (26, 25), (3, 3), 1, 1, 1, 1, False, 0),
+    ("3d", 3, 2, 2, 3, (5, 6, 4), (3, 3, 2), 1, 1, 1, 1, False, 0),
+    ("3d-stride-dil", 3, 1, 4, 4, (7, 6, 7), (2, 3, 2), (2, 1, 3), (0, 1, 1), (2, 1, 1), 2, False, 0),
+    ("3d-transposed", 3, 1, 2, 3, (3, 4, 3), (3, 2, 3), 2, 1, 1, 1, True, 1),
+    ("3d-depthwise-m2", 3, 2, 2, 4, (4, 5, 4), (3, 3, 3), 1, 1, 1, 2, False, 0),
+    ("3d-same-even", 3, 1, 2, 2, (5, 4, 6), (2, 2, 4), 1, "same", 1, 1, False, 0),
+]
+DTYPES = {"f32": torch.float32, "f64": torch.float64, "f16": torch.float16, "bf16": torch.bfloat16}
+# each case in float32 and float64 contiguous; the other dtypes and layouts on a spread of cases
+VARIANTS = [("f32", "contiguous"), ("f64", "contiguous")]
+EXTRA = {"2d": [("f16", "contiguous"), ("bf16", "contiguous"), ("f32", "channels_last"), ("f32", "noncontig")],
+         "2d-depthwise-m1": [("f32", "channels_last"), ("bf16", "channels_last")],
+         "2d-depthwise-m2": [("f16", "noncontig"), ("f64", "weight_cl")],
+         "2d-transposed": [("f16", "channels_last"), ("bf16", "noncontig")],
+         "2d-transposed-groups-dil": [("bf16", "contiguous")],
+         "2d-same-even": [("f16", "contiguous"), ("f64", "channels_last")],
+         "1d-depthwise-m2": [("bf16", "contiguous"), ("f32", "noncontig")],
+         "1d-transposed": [("f16", "contiguous")],
+         "3d": [("f32", "channels_last"), ("bf16", "contiguous")],
+         "3d-depthwise-m2": [("f16", "channels_last")],
+         "3d-transposed": [("f32", "noncontig")]}
+PARAMS = [pytest.param(c, dt, fmt, id=f"{c[0]}-{dt}-{fmt}") for c in CASES
+          for dt, fmt in VARIANTS + EXTRA.get(c[0], [])]
+
+
+def make(case, dtype, fmt, bias=True, seed=0):
+    """(x, w, b, ConvParams) for a case; fmt picks the memory layout of x (or of w) or a strided view."""
+    _, rank, n, cin, cout, sp, k, stride, padding, dilation, groups, transposed, out_pad = case
+    g = torch.Generator().manual_seed(seed)
+    wshape = (cin, cout // groups, *k) if transposed else (cout, cin // groups, *k)
+    if fmt == "noncontig":  # every other channel and a shifted window of a bigger tensor
+        big = torch.randn(n, 2 * cin, *(s + 2 for s in sp), generator=g).to(dtype)
+        x = big[(slice(None), slice(None, None, 2)) + tuple(slice(1, 1 + s) for s in sp)]
+    else:
+        x = torch.randn(n, cin, *sp, generator=g).to(dtype)
+    w = torch.randn(*wshape, generator=g).to(dtype)
+    b = torch.randn(cout, generator=g).to(dtype) if bias else None
+    if fmt == "channels_last":
+        x = x.contiguous(memory_format=CL_FMT[rank])
+    if fmt == "weight_cl":
+        w = w.contiguous(memory_format=CL_FMT[rank])
+    p = ConvParams.make(rank, stride, padding, dilation, transposed, out_pad, groups, weight_shape=w.shape)
+    return x, w, b, p
+
+
+def opencl_plan(x, w, b, p):
+    return select(Problem(p, spec_of(x), spec_of(w), b is not None), "opencl")
+
+
+@pytest.mark.parametrize("case,dt,fmt", PARAMS)
+def test_against_float64_reference(case, dt, fmt):
+    dtype = DTYPES[dt]
+    x, w, b, p = make(case, dtype, fmt)
+    saved = [(t.clone(), t.stride()) for t in (x, w, b)]
+    plan = opencl_plan(x, w, b, p)
+    assert plan.backend == "opencl" and plan.reason
+    y = plan.forward(x, w, b)
+    go = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+    gi, gw, gb = plan.backward(go, x, w, (True, True, True))
+    ry, rgi, rgw, rgb = reference(x, w, b, p, go)
+    for out, ref, name in ((y, ry, "output"), (gi, rgi, "grad_input"), (gw, rgw, "grad_weight"),
+                           (gb, rgb, "grad_bias")):
+        check(out, ref, dtype, name)
+    for t, (copy, stride) in zip((x, w, b), saved):
+        assert torch.equal(t, copy) and t.stride() == stride, "a caller tensor was modified"
+    want = output_memory_format(plan.problem)[0]
+    assert plan.memory_format == want
+    if want != "contiguous":
+        mf = CL_FMT[p.rank]
+        assert y.is_contiguous(memory_format=mf) and gi.is_contiguous(memory_format=mf)
+        assert gw.is_contiguous(memory_format=mf)
+    else:
+        assert y.is_contiguous() and gi.is_contiguous() and gw.is_contiguous()
+    expect_alg = "depthwise" if case[0].endswith(("depthwise-m1", "depthwise-m2", "transposed-depthwise")) \
+        else "direct"
+    assert plan.algorithm == expect_alg + ("-transposed" if p.transposed else "")
+    assert plan.math == ("fp32-accumulate" if dt in ("f16", "bf16") else "ieee")
+
+
+MASKS = [(True, False, False), (False, True, False), (False, False, True), (True, True, False), (False, True, True)]
+
+
+@pytest.mark.parametrize("mask", MASKS, ids=lambda m: "".join("1" if v else "0" for v in m))
+@pytest.mark.parametrize("transposed", [False, True], ids=["conv", "transposed"])
+def test_output_mask_launches_only_what_is_asked(mask, transposed):
+    case = CASES[13] if transposed else CASES[6]
+    x, w, b, p = make(case, torch.float32, "contiguous")
+    plan = opencl_plan(x, w, b, p)
+    go = torch.randn(p.output_shape(x.shape, w.shape))
+    before = dict(rt.stats)
+    got = plan.backward(go, x, w, mask)
+    launched = {k: rt.stats[k] - before.get(k, 0) for k in ("fwd", "bwd_data", "bwd_weight", "bias_grad")}
+    data_kernel = "fwd" if transposed else "bwd_data"
+    assert launched == {"fwd": 0, "bwd_data": 0, data_kernel: int(mask[0]), "bwd_weight": int(mask[1]),
+                        "bias_grad": int(mask[2])}
+    refs = reference(x, w, b, p, go, mask)[1:]
+    for m, out, ref, name in zip(mask, got, refs, ("grad_input", "grad_weight", "grad_bias")):
+        if m:
+            check(out, ref, torch.float32, name)
+        else:
+            assert out is None, name
+    before = dict(rt.stats)
+    assert plan.backward(go, x, w, (False, False, False)) == (None, None, None)
+    assert dict(rt.stats) == before
+
+
+def test_expanded_grad_output_and_sliced_bias():
+    x, w, _, p = make(CASES[5], torch.float64, "contiguous")
+    bias = torch.randn(10, dtype=torch.float64)[::2]  # stride-2 bias view
+    plan = opencl_plan(x, w, bias, p)
+    y = plan.forward(x, w, bias)
+    go = torch.tensor(0.75, dtype=torch.float64).expand(y.shape)  # what sum().backward() hands over: stride 0
+    got = plan.backward(go, x, w, (True, True, True))
+    ry, *refs = reference(x, w, bias, p, go)
+    check(y, ry, torch.float64, "output")
+    for out, ref, name in zip(got, refs, ("grad_input", "grad_weight", "grad_bias")):
+        check(out, ref, torch.float64, name)
+
+
+def test_pyopencl_arrays_in_and_out():
+    cl = pytest.importorskip("pyopencl")  # present whenever the backend is available
+    import numpy as np
+    import pyopencl.array as cla
+
+    dev = next(e[2] for e in rt.all_devices() if e[:2] == rt.default_index())
+    ctx = cl.Context([dev])
+    q = cl.CommandQueue(ctx)
+    x, w, b, p = make(CASES[6], torch.float32, "contiguous")
+    xcl = x.contiguous(memory_format=torch.channels_last)
+    mf = cl.mem_flags
+    xbuf = cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=xcl.permute(0, 2, 3, 1).contiguous().numpy())
+    arrays = {"contiguous": cla.to_device(q, x.numpy()),
+              "channels_last": cla.Array(q, x.shape, np.float32, strides=tuple(4 * s for s in xcl.stride()),
+                                         data=xbuf)}
+    wa, ba = cla.to_device(q, w.numpy()), cla.to_device(q, b.numpy())
+
+    def host(a):  # read any dense array (pyopencl's get() only takes C/F order)
+        flat = np.empty(a.size, a.dtype)
+        cl.enqueue_copy(q, flat, a.base_data, src_offset=a.offset)
+        return torch.from_numpy(np.lib.stride_tricks.as_strided(flat, a.shape, a.strides).copy())
+
+    go = torch.randn(p.output_shape(x.shape, w.shape))
+    ry, *refs = reference(x, w, b, p, go)
+    for fmt, xa in arrays.items():
+        plan = portconv.plan(xa, wa, ba, stride=p.stride, padding=p.padding, dilation=p.dilation, groups=p.groups,
+                             backend="opencl")
+        assert plan.memory_format == fmt and plan.device.index.startswith("opencl:")
+        y = plan.forward(xa, wa, ba)
+        assert isinstance(y, cla.Array) and y.context == ctx
+        check(host(y), ry, torch.float32, f"{fmt} output")
+        got = plan.backward(cla.to_device(q, go.numpy()), xa, wa, (True, True, True))
+        for out, ref, name in zip(got, refs, ("grad_input", "grad_weight", "grad_bias")):
+            assert isinstance(out, cla.Array)
+            check(host(out), ref, torch.float32, f"{fmt} {name}")
+        assert torch.equal(host(xa), x) and torch.equal(host(wa), w), "a caller array was modified"
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["conv2d", "conv_transpose2d"])
+def test_autograd_backward(transposed):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 4, 7, 6, generator=g, requires_grad=True)
+    w = torch.randn(4, 3 if transposed else 2, 3, 3, generator=g, requires_grad=True)
+    b = torch.randn(6 if transposed else 4, generator=g, requires_grad=True)
+    if transposed:
+        out = portconv.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1, groups=2, backend="opencl")
+        ref = F.conv_transpose2d(x.double(), w.double(), b.double(), stride=2, padding=1, output_padding=1, groups=2)
+    else:
+        out = portconv.conv2d(x, w, b, stride=2, padding=1, groups=2, backend="opencl")
+        ref = F.conv2d(x.double(), w.double(), b.double(), stride=2, padding=1, groups=2)
+    gy = torch.randn(out.shape, generator=g)
+    out.backward(gy)
+    grads = torch.autograd.grad(ref, (x, w, b), gy.double())
+    check(out.detach(), ref.detach(), torch.float32, "output")
+    for t, r, name in zip((x, w, b), grads, ("x.grad", "w.grad", "b.grad")):
+        check(t.grad, r, torch.float32, name)
+
+
+def test_gradcheck_float64():
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(1, 2, 5, 4, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(4, 1, 2, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    b = torch.randn(4, dtype=torch.float64, generator=g, requires_grad=True)
+    fn = lambda x, w, b: portconv.conv2d(x, w, b, stride=(1, 2), padding=1, dilation=(2, 1), groups=2,  # noqa: E731
+                                         backend="opencl")
+    assert torch.autograd.gradcheck(fn, (x, w, b))
+
+
+def test_idx64_variant_and_determinism(monkeypatch):
+    x, w, b, p = make(CASES[18], torch.float32, "noncontig")
+    plan = opencl_plan(x, w, b, p)
+    go = torch.randn(p.output_shape(x.shape, w.shape))
+    first = plan.backward(go, x, w, (True, True, True))
+    again = plan.backward(go, x, w, (True, True, True))
+    assert all(torch.equal(a, b_) for a, b_ in zip(first, again)), "reductions are not deterministic"
+    monkeypatch.setattr(rt, "force_idx64", True)
+    y = plan.forward(x, w, b)
+    got = plan.backward(go, x, w, (True, True, True))
+    ry, *refs = reference(x, w, b, p, go)
+    check(y, ry, torch.float32, "output (IDX64)")
+    for out, ref, name in zip(got, refs, ("grad_input", "grad_weight", "grad_bias")):
+        check(out, ref, torch.float32, f"{name} (IDX64)")
+
+
+def test_programs_are_built_once_per_define_set():
+    for i in range(2):  # the first pass may build; the second must only look up
+        before = rt.stats["programs_built"]
+        for n, c, hw, k, s in ((1, 3, 9, 3, 1), (2, 5, 12, 2, 2), (3, 2, 6, 1, 1), (1, 7, 15, 5, 3)):
+            x, w = torch.randn(n, c, hw, hw + 1), torch.randn(4, c, k, k)
+            y = portconv.conv2d(x, w, stride=s, backend="opencl")
+            check(y, F.conv2d(x.double(), w.double(), stride=s), torch.float32, "output")
+        if i:
+            assert rt.stats["programs_built"] == before
+
+
+def test_poison_fills_outputs_with_nan():
+    runtime = rt.runtime_for_index(rt.info(*rt.default_index()).index)
+    like = torch.empty(0)
+    for dtype in ("float32", "float64", "float16", "bfloat16"):
+        out = runtime.empty((2, 3), (3, 1), dtype, like, runtime.queue)
+        assert torch.isnan(runtime.result(out, dtype, like, runtime.queue, None)).all(), dtype
+
+
+def test_unsupported_reasons():
+    impl = get("opencl")
+    p = ConvParams.make(2, 1, 0, 1)
+    cuda = TensorSpec((1, 2, 4, 4), (32, 16, 4, 1), "float32", "cuda", 0)
+    with pytest.raises(Unsupported, match="takes CPU tensors or pyopencl arrays"):
+        impl.device_for(Problem(p, cuda, dataclasses.replace(cuda, shape=(3, 2, 3, 3), strides=(18, 9, 3, 1)), False))
+    x, w = spec_of(torch.zeros(1, 2, 4, 4)), spec_of(torch.zeros(3, 2, 3, 3))
+    device = impl.device_for(Problem(p, x, w, False))
+    ints = Problem(p, dataclasses.replace(x, dtype="int32"), dataclasses.replace(w, dtype="int32"), False)
+    with pytest.raises(Unsupported, match="not int32"):
+        impl.choose(ints, device)
+    f64 = Problem(p, dataclasses.replace(x, dtype="float64"), dataclasses.replace(w, dtype="float64"), False)
+    with pytest.raises(Unsupported, match="no double precision"):
+        impl.choose(f64, dataclasses.replace(device, fp64=False))
+    assert impl.choose(f64, dataclasses.replace(device, fp64=True)).algorithm == "direct"
+
+
+def test_probe_without_pyopencl_names_the_extra(monkeypatch):
+    rt.select.cache_clear()
+    monkeypatch.setitem(sys.modules, "pyopencl", None)
+    try:
+        avail = rt.select(None)[0]
+    finally:
+        rt.select.cache_clear()
+    assert not avail and "pip install portconv[pocl]" in avail.reason
+
+
+def test_device_selection_and_listing(monkeypatch):
+    devs = rt.all_devices()
+    infos = get("opencl").devices()
+    assert len(infos) == len(devs) and all(i.runtime == "opencl" for i in infos)
+    p, d, dev = devs[-1]
+    assert rt.select(f"{p}:{d}")[1] == (p, d)
+    assert rt.select(dev.name.strip()[:6].upper())[1] is not None  # case-insensitive substring
+    miss = rt.select("no-such-opencl-device")[0]
+    assert not miss and dev.name.strip() in miss.reason
+    monkeypatch.setenv("PORTCONV_OPENCL_DEVICE", f"{p}:{d}")
+    x, w = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)
+    plan = portconv.plan(x, w, backend="opencl")
+    assert plan.device.index == f"opencl:{p}:{d}"
+
+
+def test_memory_format_rule_table():
+    def problem(xshape, xfmt, wfmt):
+        from portconv.tensors import dense_strides
+
+        wshape = (4, xshape[1]) + (3,) * (len(xshape) - 2)
+        xs = TensorSpec(xshape, dense_strides(xshape, xfmt), "float32", "cpu")
+        ws = TensorSpec(wshape, dense_strides(wshape, wfmt), "float32", "cpu")
+        return Problem(ConvParams.make(len(xshape) - 2), xs, ws, False)
+
+    table = [((2, 3, 8, 8), "contiguous", "contiguous", "contiguous"),
+             ((2, 3, 8, 8), "channels_last", "contiguous", "channels_last"),
+             ((2, 3, 8, 8), "contiguous", "channels_last", "channels_last"),
+             ((2, 3, 4, 8, 8), "channels_last_3d", "contiguous", "channels_last_3d"),
+             ((2, 3, 4, 8, 8), "contiguous", "channels_last_3d", "channels_last_3d"),
+             ((2, 3, 8), "contiguous", "contiguous", "contiguous")]
+    for xshape, xfmt, wfmt, want in table:
+        assert output_memory_format(problem(xshape, xfmt, wfmt))[0] == want, (xshape, xfmt, wfmt)
