@@ -41,25 +41,47 @@ class TensorSpec:
         return suggest_memory_format(self.shape, self.strides)
 
     def is_contiguous(self, memory_format: str = "contiguous") -> bool:
-        return tuple(self.strides) == tuple(dense_strides(self.shape, memory_format)) or self.numel <= 1
+        """torch.Tensor.is_contiguous: strides of size-1 dims are ignored; an empty tensor is contiguous."""
+        return is_contiguous(self.shape, self.strides, memory_format)
 
     def with_shape(self, shape: Sequence[int], strides: Sequence[int] | None = None) -> TensorSpec:
         shape = tuple(shape)
         return dataclasses.replace(self, shape=shape, strides=tuple(strides or dense_strides(shape)))
 
 
-def dense_strides(shape: Sequence[int], memory_format: str = "contiguous") -> tuple[int, ...]:
-    """Strides of a dense tensor of ``shape`` in ``memory_format`` (channels-last puts C innermost)."""
-    n = len(shape)
-    order = list(range(n))  # outermost first
+def _dim_order(n: int, memory_format: str) -> list[int]:
     if memory_format in ("channels_last", "channels_last_3d") and n >= 3:
-        order = [0] + list(range(2, n)) + [1]
+        return [0] + list(range(2, n)) + [1]  # outermost first, C innermost
+    return list(range(n))
+
+
+def dense_strides(shape: Sequence[int], memory_format: str = "contiguous") -> tuple[int, ...]:
+    """The strides torch gives a new tensor of ``shape`` in ``memory_format`` (channels-last puts C innermost).
+
+    Contiguous strides treat a size-0 dim as 1; channels-last strides do not (c10 get_channels_last_strides_2d:
+    ``torch.empty(2, 0, 3, 3, memory_format=torch.channels_last).stride() == (0, 1, 0, 0)``).
+    """
+    n = len(shape)
+    channels_last = memory_format in ("channels_last", "channels_last_3d") and n >= 3
     strides = [0] * n
     acc = 1
-    for d in reversed(order):
+    for d in reversed(_dim_order(n, memory_format)):
         strides[d] = acc
-        acc *= max(shape[d], 1)
+        acc *= shape[d] if channels_last else max(shape[d], 1)
     return tuple(strides)
+
+
+def is_contiguous(shape: Sequence[int], strides: Sequence[int], memory_format: str = "contiguous") -> bool:
+    """c10 compute_contiguous / compute_channels_last_contiguous_2d/3d (size-1 dims may have any stride)."""
+    if memory_format == "contiguous" and any(s == 0 for s in shape):
+        return True
+    expected = 1
+    for d in reversed(_dim_order(len(shape), memory_format)):
+        if shape[d] != 1:
+            if strides[d] != expected:
+                return False
+            expected *= shape[d]
+    return True
 
 
 def _strides_like_channels_last(sizes: Sequence[int], strides: Sequence[int], order: Sequence[int]) -> bool:
@@ -90,6 +112,13 @@ def torch_dtype_name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+def _opencl_index(x) -> int:
+    """A pyopencl array's device as its position among all OpenCL devices (pyopencl is loaded: x is an array)."""
+    from .backends._cl_runtime import flat_index
+
+    return flat_index(x.queue.device if x.queue is not None else x.context.devices[0])
+
+
 def spec_of(x) -> TensorSpec:
     """Describe a torch tensor, pyopencl array or cupy array; raises TypeError for anything else."""
     mod = type(x).__module__ or ""
@@ -99,7 +128,8 @@ def spec_of(x) -> TensorSpec:
     if mod.startswith("pyopencl"):
         item = x.dtype.itemsize
         dt = _NUMPY_TO_TORCH.get(x.dtype.name, x.dtype.name)
-        return TensorSpec(tuple(x.shape), tuple(s // item for s in x.strides), dt, "opencl", None, "pyopencl")
+        return TensorSpec(tuple(x.shape), tuple(s // item for s in x.strides), dt, "opencl", _opencl_index(x),
+                          "pyopencl")
     if mod.startswith("cupy"):
         item = x.dtype.itemsize
         dt = _NUMPY_TO_TORCH.get(x.dtype.name, x.dtype.name)

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from .. import device as _device
 from ..device import Availability
-from ..errors import Unsupported
+from ..errors import ConvError, Unsupported
+from ..rules import TorchContext, aten_answer
 from . import Backend, BackendId, Choice
 
 
@@ -34,22 +35,15 @@ class AtenBackend(Backend):
         raise Unsupported(f"tensors on {spec.device} are not handled by portconv's aten backend")
 
     def choose(self, problem, device):
-        import torch
-
-        p = problem.params
-        inp = torch.empty_strided(problem.input.shape, problem.input.strides, dtype=getattr(torch, problem.dtype),
-                                  device="meta")
-        w = torch.empty_strided(problem.weight.shape, problem.weight.strides, dtype=inp.dtype, device="meta")
+        ctx = TorchContext.from_torch(problem.input.device)
         try:
-            which = torch._C._select_conv_backend(inp, w, None, list(p.stride), list(p.padding), list(p.dilation),
-                                                  p.transposed, list(p.output_padding), p.groups, None)
-            name = str(which).split(".")[-1]
-        except RuntimeError as e:
-            name = f"(ATen decides at run time: {e})"
-        fmt = problem.input.memory_format
-        return Choice(f"aten:{name}", fmt, "PyTorch's native convolution (reference path)",
-                      math="tf32" if (device.vendor == "nvidia" and problem.dtype == "float32"
-                                      and torch.backends.cudnn.allow_tf32) else "ieee")
+            name, fmt = aten_answer(problem, ctx)
+        except ConvError as e:
+            raise Unsupported(f"ATen refuses this convolution: {e}") from None
+        tf32 = (device.vendor == "nvidia" and problem.dtype == "float32" and ctx.allow_tf32
+                and name in ("Cudnn", "CudnnTranspose"))
+        return Choice(f"aten:{name}", fmt, f"PyTorch's native convolution (reference path); ATen runs it as {name}",
+                      math="tf32" if tf32 else "ieee")
 
     def forward(self, plan, input, weight, bias):
         import torch
