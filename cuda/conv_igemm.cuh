@@ -1,0 +1,315 @@
+/* portconv kernel bodies: implicit GEMM in shared memory for dense convolutions, all three directions.
+ *
+ * Note [implicit GEMM]: each direction is a GEMM whose operands are gathered from the tensors on the fly
+ * (no im2col buffer). Per group g (grid z):
+ *   forward      Y[m, n]  = sum_r A[m, r] B[r, n]; m = (n, o) over N*Y, n = k over K/G, r = (c, tap) over C/G*taps
+ *   bwd data     dX[m, n] = ...;                   m = (n, i) over N*X, n = c over C/G, r = (k, tap) over K/G*taps
+ *   bwd weight   dW[m, n] = ...;                   m = k over K/G, n = (c, tap) over C/G*taps, r = (n, o) over N*Y
+ * A block computes a PC_BM x PC_BN tile with 256 threads (16 x 16, PC_BM/16 x PC_BN/16 results each), stepping
+ * the reduction PC_BK = 16 at a time through shared memory, with the next step's gathers issued before the
+ * current step's products (register double buffering). Every load thread owns one reduction index per
+ * step, so the gather index is decoded once per step and shared by its A and B loads. Backward-weight splits
+ * its long reduction over grid z (partial sums in a workspace, summed by portconv_split_finalize).
+ * Channels-last problems order the reduction channel-innermost so consecutive threads read consecutive
+ * addresses. Tensor-core tiles (PC_TENSOR_CORES, CUDA only) would replace the FMA loop in pc_igemm_run;
+ * this file holds the portable tile only.
+ */
+#pragma once
+
+#ifndef PC_BM
+#define PC_BM 64
+#endif
+#ifndef PC_BN
+#define PC_BN 64
+#endif
+#define PC_BK 16
+#define PC_NT 256
+#define PC_LQ (PC_NT / PC_BK) /* rows (columns) one load pass covers */
+#define PC_AJ (PC_BM / PC_LQ)
+#define PC_BJ (PC_BN / PC_LQ)
+#define PC_TM (PC_BM / 16)
+#define PC_TN (PC_BN / 16)
+
+/* Shape fields shared by the three problem descriptions. */
+struct pc_igemm_base {
+    pc_idx Cg, Kg, g, X0, X1, X2, Y0, Y1, Y2, R1, R2, taps;
+    pc_idx xs0, xs1, xs2, xs3, xs4, ws0, ws1, ws2, ws3, ws4, ys0, ys1, ys2, ys3, ys4;
+    pc_idx S0, S1, S2, P0, P1, P2, D0, D1, D2;
+    bool cl;
+    PC_DEVICE pc_igemm_base(const pc_conv_args &a, pc_idx grp) {
+        Cg = (pc_idx)(a.C / a.G), Kg = (pc_idx)(a.K / a.G), g = grp;
+        X0 = (pc_idx)a.X[0], X1 = (pc_idx)a.X[1], X2 = (pc_idx)a.X[2];
+        Y0 = (pc_idx)a.Y[0], Y1 = (pc_idx)a.Y[1], Y2 = (pc_idx)a.Y[2];
+        R1 = (pc_idx)a.R[1], R2 = (pc_idx)a.R[2], taps = (pc_idx)a.R[0] * R1 * R2;
+        xs0 = (pc_idx)a.xs[0], xs1 = (pc_idx)a.xs[1], xs2 = (pc_idx)a.xs[2], xs3 = (pc_idx)a.xs[3];
+        xs4 = (pc_idx)a.xs[4];
+        ws0 = (pc_idx)a.ws_[0], ws1 = (pc_idx)a.ws_[1], ws2 = (pc_idx)a.ws_[2], ws3 = (pc_idx)a.ws_[3];
+        ws4 = (pc_idx)a.ws_[4];
+        ys0 = (pc_idx)a.ys[0], ys1 = (pc_idx)a.ys[1], ys2 = (pc_idx)a.ys[2], ys3 = (pc_idx)a.ys[3];
+        ys4 = (pc_idx)a.ys[4];
+        S0 = (pc_idx)a.S[0], S1 = (pc_idx)a.S[1], S2 = (pc_idx)a.S[2];
+        P0 = (pc_idx)a.P[0], P1 = (pc_idx)a.P[1], P2 = (pc_idx)a.P[2];
+        D0 = (pc_idx)a.DL[0], D1 = (pc_idx)a.DL[1], D2 = (pc_idx)a.DL[2];
+        cl = (a.flags & PC_FLAG_CL) != 0;
+    }
+    /* (channel, tap) of a reduction/column index over CH*taps: channel-innermost when cl */
+    PC_DEVICE void chan_tap(pc_idx r, pc_idx CH, bool chan_inner, pc_idx &ch, pc_idx &r0, pc_idx &r1,
+                            pc_idx &r2) const {
+        pc_idx tap;
+        if (chan_inner) {
+            tap = r / CH;
+            ch = r - tap * CH;
+        } else {
+            ch = r / taps;
+            tap = r - ch * taps;
+        }
+        r2 = tap % R2;
+        tap /= R2;
+        r1 = tap % R1;
+        r0 = tap / R1;
+    }
+};
+
+struct pc_igemm_fwd_op : pc_igemm_base {
+    const pc_t *x, *w, *b;
+    pc_t *y;
+    pc_idx bs;
+    struct Row { pc_idx xo, i0, i1, i2; bool ok; };
+    struct Col { pc_idx wo; bool ok; };
+    struct Red { pc_idx xo, wo, d0, d1, d2; bool ok; };
+    PC_DEVICE pc_igemm_fwd_op(const pc_conv_args &a, pc_idx grp) : pc_igemm_base(a, grp) {
+        x = (const pc_t *)a.x, w = (const pc_t *)a.w, b = (const pc_t *)a.b, y = (pc_t *)a.y, bs = (pc_idx)a.bs;
+    }
+    PC_DEVICE Row row(pc_idx m, pc_idx M) const {
+        Row t;
+        pc_idx n, o0, o1, o2;
+        t.ok = m < M;
+        pc_unflatten4(t.ok ? m : 0, Y0, Y1, Y2, n, o0, o1, o2);
+        t.xo = n * xs0 + g * Cg * xs1;
+        t.i0 = o0 * S0 - P0, t.i1 = o1 * S1 - P1, t.i2 = o2 * S2 - P2;
+        return t;
+    }
+    PC_DEVICE Col col(pc_idx k, pc_idx NC) const {
+        Col t;
+        t.ok = k < NC;
+        t.wo = (g * Kg + (t.ok ? k : 0)) * ws0;
+        return t;
+    }
+    PC_DEVICE Red red(pc_idx r, pc_idx rend) const {
+        Red t;
+        pc_idx c, r0, r1, r2;
+        t.ok = r < rend;
+        chan_tap(t.ok ? r : 0, Cg, cl, c, r0, r1, r2);
+        t.xo = c * xs1, t.wo = c * ws1 + r0 * ws2 + r1 * ws3 + r2 * ws4;
+        t.d0 = r0 * D0, t.d1 = r1 * D1, t.d2 = r2 * D2;
+        return t;
+    }
+    PC_DEVICE pc_acc_t A(const Row &m, const Red &r) const {
+        const pc_idx i0 = m.i0 + r.d0, i1 = m.i1 + r.d1, i2 = m.i2 + r.d2;
+        if (!(m.ok && r.ok) || i0 < 0 || i0 >= X0 || i1 < 0 || i1 >= X1 || i2 < 0 || i2 >= X2) return 0;
+        return pc_ld(x, m.xo + r.xo + i0 * xs2 + i1 * xs3 + i2 * xs4);
+    }
+    PC_DEVICE pc_acc_t B(const Red &r, const Col &n) const { return (r.ok && n.ok) ? pc_ld(w, n.wo + r.wo) : 0; }
+    PC_DEVICE void store(pc_idx m, pc_idx k, pc_acc_t v) const {
+        pc_idx n, o0, o1, o2;
+        pc_unflatten4(m, Y0, Y1, Y2, n, o0, o1, o2);
+        const pc_idx kk = g * Kg + k;
+        if (b) v += pc_ld(b, kk * bs);
+        pc_st(y, n * ys0 + kk * ys1 + o0 * ys2 + o1 * ys3 + o2 * ys4, v);
+    }
+};
+
+struct pc_igemm_bwd_data_op : pc_igemm_base {
+    const pc_t *dy, *w, *b;
+    pc_t *dx;
+    pc_idx bs;
+    struct Row { pc_idx yo, t0, t1, t2; bool ok; };
+    struct Col { pc_idx wo; bool ok; };
+    struct Red { pc_idx yo, wo, d0, d1, d2; bool ok; };
+    PC_DEVICE pc_igemm_bwd_data_op(const pc_conv_args &a, pc_idx grp) : pc_igemm_base(a, grp) {
+        dy = (const pc_t *)a.y, w = (const pc_t *)a.w, b = (const pc_t *)a.b, dx = (pc_t *)a.x, bs = (pc_idx)a.bs;
+    }
+    PC_DEVICE Row row(pc_idx m, pc_idx M) const {
+        Row t;
+        pc_idx n, i0, i1, i2;
+        t.ok = m < M;
+        pc_unflatten4(t.ok ? m : 0, X0, X1, X2, n, i0, i1, i2);
+        t.yo = n * ys0 + g * Kg * ys1;
+        t.t0 = i0 + P0, t.t1 = i1 + P1, t.t2 = i2 + P2;
+        return t;
+    }
+    PC_DEVICE Col col(pc_idx c, pc_idx NC) const {
+        Col t;
+        t.ok = c < NC;
+        t.wo = g * Kg * ws0 + (t.ok ? c : 0) * ws1;
+        return t;
+    }
+    PC_DEVICE Red red(pc_idx r, pc_idx rend) const {
+        Red t;
+        pc_idx k, r0, r1, r2;
+        t.ok = r < rend;
+        chan_tap(t.ok ? r : 0, Kg, cl, k, r0, r1, r2);
+        t.yo = k * ys1, t.wo = k * ws0 + r0 * ws2 + r1 * ws3 + r2 * ws4;
+        t.d0 = r0 * D0, t.d1 = r1 * D1, t.d2 = r2 * D2;
+        return t;
+    }
+    PC_DEVICE static bool out_of(pc_idx t, pc_idx S, pc_idx O, pc_idx &o) {
+        if (t < 0) return false;
+        if (S == 1) {
+            o = t;
+        } else {
+            o = t / S;
+            if (o * S != t) return false;
+        }
+        return o < O;
+    }
+    PC_DEVICE pc_acc_t A(const Row &m, const Red &r) const {
+        pc_idx o0, o1, o2;
+        if (!(m.ok && r.ok) || !out_of(m.t0 - r.d0, S0, Y0, o0) || !out_of(m.t1 - r.d1, S1, Y1, o1) ||
+            !out_of(m.t2 - r.d2, S2, Y2, o2))
+            return 0;
+        return pc_ld(dy, m.yo + r.yo + o0 * ys2 + o1 * ys3 + o2 * ys4);
+    }
+    PC_DEVICE pc_acc_t B(const Red &r, const Col &n) const { return (r.ok && n.ok) ? pc_ld(w, n.wo + r.wo) : 0; }
+    PC_DEVICE void store(pc_idx m, pc_idx c, pc_acc_t v) const {
+        pc_idx n, i0, i1, i2;
+        pc_unflatten4(m, X0, X1, X2, n, i0, i1, i2);
+        const pc_idx cc = g * Cg + c;
+        if (b) v += pc_ld(b, cc * bs);
+        pc_st(dx, n * xs0 + cc * xs1 + i0 * xs2 + i1 * xs3 + i2 * xs4, v);
+    }
+};
+
+struct pc_igemm_bwd_weight_op : pc_igemm_base {
+    const pc_t *x, *dy;
+    pc_t *dw;
+    pc_acc_t *ws;
+    pc_idx split, splits, count;
+    struct Row { pc_idx yo; bool ok; };
+    struct Col { pc_idx xo, d0, d1, d2; bool ok; };
+    struct Red { pc_idx yo, xo, b0, b1, b2; bool ok; };
+    PC_DEVICE pc_igemm_bwd_weight_op(const pc_conv_args &a, pc_idx grp, pc_idx s) : pc_igemm_base(a, grp) {
+        x = (const pc_t *)a.x, dy = (const pc_t *)a.y, dw = (pc_t *)a.w, ws = (pc_acc_t *)a.ws;
+        split = s, splits = (pc_idx)a.splits, count = (pc_idx)a.K * Cg * taps;
+    }
+    PC_DEVICE Row row(pc_idx k, pc_idx M) const {
+        Row t;
+        t.ok = k < M;
+        t.yo = (g * Kg + (t.ok ? k : 0)) * ys1;
+        return t;
+    }
+    PC_DEVICE Col col(pc_idx n, pc_idx NC) const {
+        Col t;
+        pc_idx c, r0, r1, r2;
+        t.ok = n < NC;
+        chan_tap(t.ok ? n : 0, Cg, false, c, r0, r1, r2);
+        t.xo = (g * Cg + c) * xs1;
+        t.d0 = r0 * D0 - P0, t.d1 = r1 * D1 - P1, t.d2 = r2 * D2 - P2;
+        return t;
+    }
+    PC_DEVICE Red red(pc_idx r, pc_idx rend) const {
+        Red t;
+        pc_idx n, o0, o1, o2;
+        t.ok = r < rend;
+        pc_unflatten4(t.ok ? r : 0, Y0, Y1, Y2, n, o0, o1, o2);
+        t.yo = n * ys0 + o0 * ys2 + o1 * ys3 + o2 * ys4, t.xo = n * xs0;
+        t.b0 = o0 * S0, t.b1 = o1 * S1, t.b2 = o2 * S2;
+        return t;
+    }
+    PC_DEVICE pc_acc_t A(const Row &m, const Red &r) const { return (m.ok && r.ok) ? pc_ld(dy, m.yo + r.yo) : 0; }
+    PC_DEVICE pc_acc_t B(const Red &r, const Col &n) const {
+        const pc_idx i0 = r.b0 + n.d0, i1 = r.b1 + n.d1, i2 = r.b2 + n.d2;
+        if (!(r.ok && n.ok) || i0 < 0 || i0 >= X0 || i1 < 0 || i1 >= X1 || i2 < 0 || i2 >= X2) return 0;
+        return pc_ld(x, n.xo + r.xo + i0 * xs2 + i1 * xs3 + i2 * xs4);
+    }
+    PC_DEVICE void store(pc_idx k, pc_idx n, pc_acc_t v) const {
+        const pc_idx kk = g * Kg + k;
+        if (splits > 1) {
+            ws[split * count + kk * Cg * taps + n] = v;
+            return;
+        }
+        pc_idx c, r0, r1, r2;
+        chan_tap(n, Cg, false, c, r0, r1, r2);
+        pc_st(dw, kk * ws0 + c * ws1 + r0 * ws2 + r1 * ws3 + r2 * ws4, v);
+    }
+};
+
+template <class Op>
+PC_DEVICE void pc_igemm_fetch(const Op &op, const typename Op::Row *rows, const typename Op::Col *cols, pc_idx r,
+                              pc_idx rend, pc_acc_t *ra, pc_acc_t *rb) {
+    const typename Op::Red d = op.red(r, rend);
+#pragma unroll
+    for (int j = 0; j < PC_AJ; ++j) ra[j] = op.A(rows[j], d);
+#pragma unroll
+    for (int j = 0; j < PC_BJ; ++j) rb[j] = op.B(d, cols[j]);
+}
+
+template <class Op>
+PC_DEVICE void pc_igemm_run(const Op &op, pc_idx M, pc_idx NC, pc_idx rbeg, pc_idx rend) {
+    PC_SHARED pc_acc_t As[PC_BK][PC_BM + 1];
+    PC_SHARED pc_acc_t Bs[PC_BK][PC_BN + 1];
+    const int tid = (int)threadIdx.x, rr = tid % PC_BK, lq = tid / PC_BK;
+    const int tx = tid % 16, ty = tid / 16;
+    const pc_idx m0 = (pc_idx)blockIdx.x * PC_BM, n0 = (pc_idx)blockIdx.y * PC_BN;
+    typename Op::Row rows[PC_AJ];
+    typename Op::Col cols[PC_BJ];
+#pragma unroll
+    for (int j = 0; j < PC_AJ; ++j) rows[j] = op.row(m0 + lq + PC_LQ * j, M);
+#pragma unroll
+    for (int j = 0; j < PC_BJ; ++j) cols[j] = op.col(n0 + lq + PC_LQ * j, NC);
+    pc_acc_t ra[PC_AJ], rb[PC_BJ], acc[PC_TM][PC_TN];
+#pragma unroll
+    for (int i = 0; i < PC_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < PC_TN; ++j) acc[i][j] = 0;
+    pc_igemm_fetch(op, rows, cols, rbeg + rr, rend, ra, rb);
+    for (pc_idx r0 = rbeg; r0 < rend; r0 += PC_BK) {
+#pragma unroll
+        for (int j = 0; j < PC_AJ; ++j) As[rr][lq + PC_LQ * j] = ra[j];
+#pragma unroll
+        for (int j = 0; j < PC_BJ; ++j) Bs[rr][lq + PC_LQ * j] = rb[j];
+        PC_BARRIER();
+        if (r0 + PC_BK < rend) pc_igemm_fetch(op, rows, cols, r0 + PC_BK + rr, rend, ra, rb);
+#pragma unroll
+        for (int kk = 0; kk < PC_BK; ++kk) {
+            pc_acc_t av[PC_TM], bv[PC_TN];
+#pragma unroll
+            for (int i = 0; i < PC_TM; ++i) av[i] = As[kk][ty + 16 * i];
+#pragma unroll
+            for (int j = 0; j < PC_TN; ++j) bv[j] = Bs[kk][tx + 16 * j];
+#pragma unroll
+            for (int i = 0; i < PC_TM; ++i)
+#pragma unroll
+                for (int j = 0; j < PC_TN; ++j) acc[i][j] += av[i] * bv[j];
+        }
+        PC_BARRIER();
+    }
+#pragma unroll
+    for (int i = 0; i < PC_TM; ++i) {
+        const pc_idx m = m0 + ty + 16 * i;
+#pragma unroll
+        for (int j = 0; j < PC_TN; ++j) {
+            const pc_idx n = n0 + tx + 16 * j;
+            if (m < M && n < NC) op.store(m, n, acc[i][j]);
+        }
+    }
+}
+
+PC_KERNEL void PC_LAUNCH_BOUNDS(PC_NT) portconv_igemm_fwd(const pc_conv_args a) {
+    const pc_igemm_fwd_op op(a, (pc_idx)blockIdx.z);
+    pc_igemm_run(op, (pc_idx)a.N * op.Y0 * op.Y1 * op.Y2, op.Kg, 0, op.Cg * op.taps);
+}
+
+PC_KERNEL void PC_LAUNCH_BOUNDS(PC_NT) portconv_igemm_bwd_data(const pc_conv_args a) {
+    const pc_igemm_bwd_data_op op(a, (pc_idx)blockIdx.z);
+    pc_igemm_run(op, (pc_idx)a.N * op.X0 * op.X1 * op.X2, op.Cg, 0, op.Kg * op.taps);
+}
+
+/* Grid z = groups * splits; split s reduces positions [s*chunk, (s+1)*chunk) of N*Y0*Y1*Y2. */
+PC_KERNEL void PC_LAUNCH_BOUNDS(PC_NT) portconv_igemm_bwd_weight(const pc_conv_args a) {
+    const pc_idx splits = (pc_idx)a.splits, z = (pc_idx)blockIdx.z;
+    const pc_igemm_bwd_weight_op op(a, z / splits, z % splits);
+    pc_idx lo, hi;
+    pc_split_range((pc_idx)a.N * op.Y0 * op.Y1 * op.Y2, (pc_idx)a.chunk, z % splits, lo, hi);
+    pc_igemm_run(op, op.Kg, op.Cg * op.taps, lo, hi);
+}

@@ -1,0 +1,6 @@
+/* portconv CUDA module: the igemm kernels plus bias-grad and split finalize (one compile per -D set). */
+#include "prelude.cuh"
+#include "types.cuh"
+#include "common.cuh"
+#include "reduce.cuh"
+#include "conv_igemm.cuh"

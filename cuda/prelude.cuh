@@ -1,0 +1,70 @@
+/* portconv CUDA prelude: every vendor idiom the kernel bodies use, and nothing else.
+ *
+ * Note [preludes]: the bodies (conv_*.cuh, reduce.cuh, types.cuh, common.cuh) name only what is defined
+ * here: qualifiers, the barrier, the warp size and lane-mask type, warp shuffles, atomics and the 16-bit
+ * float conversions. A HIP prelude that defines the same names compiles the same bodies for AMD GPUs (wave64
+ * or wave32) and for HIP-on-NVIDIA. The bodies use threadIdx/blockIdx/blockDim/gridDim directly: CUDA and HIP
+ * spell them alike. No system header is included, so NVRTC needs no include path (the kernels run from a
+ * CuPy wheel with no CUDA toolkit installed).
+ */
+#pragma once
+
+#define PC_VENDOR_CUDA 1
+#define PC_KERNEL extern "C" __global__
+#define PC_LAUNCH_BOUNDS(threads) __launch_bounds__(threads)
+#define PC_DEVICE __device__ __forceinline__
+#define PC_SHARED __shared__
+#define PC_RESTRICT __restrict__
+#define PC_BARRIER() __syncthreads()
+
+/* Warp size: 32 on every NVIDIA GPU. Bodies size their reductions from PC_WARP_SIZE and never assume 32. */
+#ifndef PC_WARP_SIZE
+#define PC_WARP_SIZE 32
+#endif
+
+/* Lane masks are 64-bit in the bodies (HIP on wave64 needs all 64 bits); CUDA's shuffles take the low 32. */
+typedef unsigned long long pc_lanemask_t;
+#define PC_FULL_MASK (~0ull)
+
+template <typename T>
+PC_DEVICE T pc_shfl_down(T v, int delta) {
+    return __shfl_down_sync((unsigned)(PC_FULL_MASK & 0xffffffffull), v, delta, PC_WARP_SIZE);
+}
+
+template <typename T>
+PC_DEVICE T pc_shfl_xor(T v, int mask) {
+    return __shfl_xor_sync((unsigned)(PC_FULL_MASK & 0xffffffffull), v, mask, PC_WARP_SIZE);
+}
+
+PC_DEVICE float pc_atomic_add(float *p, float v) { return atomicAdd(p, v); }
+PC_DEVICE double pc_atomic_add(double *p, double v) { return atomicAdd(p, v); } /* sm_60 and newer */
+
+/* 16-bit floats are stored as raw bits; these four are the only conversions the bodies use. */
+PC_DEVICE float pc_f16_bits_to_float(unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+PC_DEVICE unsigned short pc_float_to_f16_bits(float f) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+PC_DEVICE float pc_bf16_bits_to_float(unsigned short b) { return __uint_as_float(((unsigned)b) << 16); }
+
+/* Round to nearest even; NaN stays a (quiet) NaN with its sign. */
+PC_DEVICE unsigned short pc_float_to_bf16_bits(float f) {
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)(((u >> 16) & 0x8000u) | 0x7fc0u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+}
+
+/* Note [tensor cores]: matrix-unit (mma/wmma) paths of the implicit GEMM are CUDA-only. They are compiled
+ * only where PC_TENSOR_CORES is 1; the HIP prelude leaves it 0 and the bodies fall back to the shared-memory
+ * FMA tile, which is correct everywhere. */
+#ifndef PC_TENSOR_CORES
+#define PC_TENSOR_CORES 0
+#endif

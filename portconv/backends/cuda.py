@@ -1,0 +1,373 @@
+"""The cuda backend: portconv's CUDA kernel set (cuda/*.cu) compiled with NVRTC and launched through CuPy."""
+from __future__ import annotations
+
+import dataclasses
+
+from ..device import Availability, DeviceInfo
+from ..errors import Unsupported, VendorImportError
+from ..tensors import FLOATING, dense_strides
+from . import Backend, BackendId, Choice, Problem, _cupy
+
+# The kernel argument block, in cuda/common.cuh's order (tests/test_cuda_compile.py checks the two agree).
+ARG_FIELDS = (("x", 1), ("w", 1), ("y", 1), ("b", 1), ("ws", 1), ("N", 1), ("C", 1), ("K", 1), ("G", 1),
+              ("X", 3), ("Y", 3), ("R", 3), ("S", 3), ("P", 3), ("DL", 3), ("xs", 5), ("ws_", 5), ("ys", 5),
+              ("bs", 1), ("splits", 1), ("chunk", 1), ("flags", 1))
+ARG_COUNT = sum(n for _, n in ARG_FIELDS)
+FLAG_CL = 1
+DTYPE_CODE = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3}
+ENTRY = {"direct": "direct.cu", "depthwise": "depthwise.cu", "implicit_gemm": "igemm.cu"}
+PREFIX = {"direct": "portconv_direct", "depthwise": "portconv_depthwise", "implicit_gemm": "portconv_igemm"}
+IGEMM_TILE = (64, 64, 16)  # BM, BN, BK of cuda/conv_igemm.cuh as compiled here
+THREADS = 256
+DW_TAPS = 9  # PC_DW_TAPS of cuda/conv_depthwise.cuh
+INDEX32_LIMIT = 2**31 - 1 - 2**26  # headroom for grid-stride steps past the last element
+GRID_YZ_MAX = 65535
+
+
+def _max_offset(shape, strides) -> int:
+    return sum((s - 1) * abs(st) for s, st in zip(shape, strides) if s > 0)
+
+
+def needs_index64(*specs: tuple) -> bool:
+    """True if any (shape, strides) has as many elements, or a last offset, as 32-bit kernel indexing allows."""
+    for shape, strides in specs:
+        n = 1
+        for s in shape:
+            n *= s
+        if n > INDEX32_LIMIT or _max_offset(shape, strides) > INDEX32_LIMIT:
+            return True
+    return False
+
+
+def output_format(problem: Problem) -> str:
+    """Channels-last outputs when the input or weight is channels-last (cuDNN's rule in ATen), else contiguous."""
+    for spec in (problem.input, problem.weight):
+        fmt = spec.memory_format
+        if fmt != "contiguous" and spec.dim == problem.weight.dim:
+            return fmt
+    return "contiguous"
+
+
+def igemm_dims(problem: Problem) -> dict[str, tuple[int, int, int]]:
+    """(M, N, K) of the three implicit GEMMs of Note [implicit GEMM], per group, for the conv view."""
+    p = problem.params
+    xs, ws = problem.input.shape, problem.weight.shape
+    ys = problem.output_shape
+    if p.transposed:
+        xs, ys = ys, xs
+    n, taps = xs[0], 1
+    for r in ws[2:]:
+        taps *= r
+    sp_x = sp_y = 1
+    for s in xs[2:]:
+        sp_x *= s
+    for s in ys[2:]:
+        sp_y *= s
+    cg, kg = ws[1], ws[0] // p.groups
+    return {"fwd": (n * sp_y, kg, cg * taps), "bwd_data": (n * sp_x, cg, kg * taps),
+            "bwd_weight": (kg, cg * taps, n * sp_y)}
+
+
+def choose_for(problem: Problem, device: DeviceInfo, kernel_set: str = "CUDA") -> Choice:
+    """The cuda (and hip) kernel sets' rule: depthwise kernels for depthwise problems, implicit GEMM for dense
+    groups == 1 problems, the direct kernels for the rest. Pure: reads only the problem and the device."""
+    dt = problem.dtype
+    if dt not in FLOATING:
+        raise Unsupported(f"portconv's {kernel_set} kernels take float32, float64, float16 and bfloat16, not {dt}")
+    if dt == "float64" and not device.fp64:
+        raise Unsupported(f"{device.name} has no float64 arithmetic")
+    p = problem.params
+    fmt = output_format(problem)
+    math = "fp32-accumulate" if dt in ("float16", "bfloat16") else "ieee"
+    big = needs_index64((problem.input.shape, problem.input.strides), (problem.weight.shape, problem.weight.strides),
+                        (problem.output_shape, dense_strides(problem.output_shape, fmt)))
+    idx = "; 64-bit indexing" if big else ""
+    if problem.is_depthwise:
+        m = problem.weight.shape[0] // problem.input.shape[1]
+        return Choice("depthwise", fmt, f"depthwise (groups = C_in = {p.groups}, channel multiplier {m}): per-channel "
+                      f"kernels without a channel loop; the weight gradient keeps {DW_TAPS} taps per block in "
+                      f"registers{idx}", math)
+    if p.groups == 1:
+        dims = igemm_dims(problem)
+        bm, bn, bk = IGEMM_TILE
+        too_wide = [d for d, (_, ncol, _) in dims.items() if -(-ncol // bn) > GRID_YZ_MAX]
+        if not too_wide:
+            m, n, k = dims["bwd_data" if p.transposed else "fwd"]
+            return Choice("implicit_gemm", fmt, f"dense (groups = 1): implicit GEMM M={m} N={n} K={k} in "
+                          f"{bm}x{bn}x{bk} shared-memory tiles{idx}", math)
+        why = f"implicit GEMM's {too_wide[0]} grid would exceed {GRID_YZ_MAX} column tiles"
+    else:
+        why = f"grouped (groups = {p.groups}, not depthwise)"
+    return Choice("direct", fmt, f"{why}: the general direct kernels{idx}", math)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvView:
+    """Note [conv view] of cuda/common.cuh: the canonical convolution every kernel computes (spatial padded to 3-D)."""
+
+    N: int
+    C: int
+    K: int
+    G: int
+    X: tuple[int, ...]
+    Y: tuple[int, ...]
+    R: tuple[int, ...]
+    S: tuple[int, ...]
+    P: tuple[int, ...]
+    DL: tuple[int, ...]
+
+    @classmethod
+    def of(cls, problem: Problem) -> ConvView:
+        p = problem.params
+        xs, ws, ys = problem.input.shape, problem.weight.shape, problem.output_shape
+        if p.transposed:  # the transposed input plays dY, its output plays dX
+            xs, ys = ys, xs
+        lead = 3 - p.rank
+        return cls(xs[0], xs[1], ws[0], p.groups, (1,) * lead + tuple(xs[2:]), (1,) * lead + tuple(ys[2:]),
+                   (1,) * lead + tuple(ws[2:]), (1,) * lead + p.stride, (0,) * lead + p.padding,
+                   (1,) * lead + p.dilation)
+
+    @property
+    def taps(self) -> int:
+        return self.R[0] * self.R[1] * self.R[2]
+
+    @property
+    def y_positions(self) -> int:
+        return self.N * self.Y[0] * self.Y[1] * self.Y[2]
+
+
+def elem_strides(x) -> tuple[int, ...]:
+    """Element strides of a torch tensor or CuPy array."""
+    if (type(x).__module__ or "").startswith("torch"):
+        return tuple(x.stride())
+    return tuple(s // x.dtype.itemsize for s in x.strides)
+
+
+def strides5(x) -> tuple[int, ...]:
+    """Element strides of an (N, C, *spatial) array as 5 values (leading spatial dims of extent 1 get 0)."""
+    st = elem_strides(x)
+    return st[:2] + (0,) * (5 - len(st)) + st[2:]
+
+
+def _splits(blocks: int, total: int, min_chunk: int, units: int, count: int, align: int = 1) -> tuple[int, int]:
+    """(splits, chunk) of a reduction of ``total`` terms so that ``blocks`` x splits fills the device."""
+    target = 4 * max(units, 1)
+    if blocks >= target or total <= min_chunk:
+        return 1, max(total, 1)
+    want = min(-(-target // blocks), -(-total // min_chunk), GRID_YZ_MAX, max(1, 2**27 // max(count, 1)))
+    chunk = -(-total // max(want, 1))
+    chunk = -(-chunk // align) * align
+    return -(-total // chunk), chunk
+
+
+class CudaBackend(Backend):
+    """portconv's own CUDA kernels. Subclasses (hip) change the kernel set, the vendor checks and the pip hint."""
+
+    id = BackendId.CUDA
+    pip_hint = _cupy.CUDA_PIP_HINT
+    kernel_set_name = "CUDA"
+
+    def __init__(self):
+        self._kernels: _cupy.KernelSet | None = None
+
+    def kernels(self) -> _cupy.KernelSet:
+        if self._kernels is None:
+            self._kernels = _cupy.KernelSet(pip_hint=self.pip_hint)
+        return self._kernels
+
+    def tensors(self, like) -> _cupy.Tensors:
+        """Pointers, allocation, device and stream for one call whose arrays are like ``like``."""
+        return _cupy.Tensors(like, self.pip_hint)
+
+    # --- availability -----------------------------------------------------------------------------------------
+    def probe(self) -> Availability:
+        try:
+            cupy = _cupy.import_cupy(self.pip_hint)
+        except VendorImportError as e:
+            return Availability.no(str(e))
+        if _cupy.is_hip(cupy):
+            return Availability.no("this CuPy is built for ROCm: AMD GPUs are the hip backend's")
+        try:
+            n = cupy.cuda.runtime.getDeviceCount()
+            nvrtc = ".".join(map(str, cupy.cuda.nvrtc.getVersion()))
+        except cupy.cuda.runtime.CUDARuntimeError as e:
+            return Availability.no(f"no usable CUDA device or driver: {e}")
+        if n == 0:
+            return Availability.no("CUDA reports no device")
+        return Availability.yes(f"CuPy {cupy.__version__}, NVRTC {nvrtc}, {n} CUDA device(s)")
+
+    def device_for(self, problem: Problem) -> DeviceInfo:
+        spec = problem.input
+        if spec.kind == "cupy":
+            return _cupy.device_info("cupy", spec.device_index or 0)
+        if spec.kind != "torch" or spec.device_type != "cuda":
+            raise Unsupported(f"portconv's {self.kernel_set_name} kernels take CUDA tensors and CuPy arrays, "
+                              f"not {spec.kind} data on {spec.device}")
+        import torch
+
+        if getattr(torch.version, "hip", None):
+            raise Unsupported("this PyTorch is built for ROCm: its 'cuda' tensors are AMD GPU memory (hip backend)")
+        return _cupy.device_info("torch", spec.device_index or 0)
+
+    def choose(self, problem: Problem, device: DeviceInfo) -> Choice:
+        if device.vendor != "nvidia":
+            raise Unsupported(f"the cuda backend runs on NVIDIA GPUs, not {device.vendor} ({device.name})")
+        return choose_for(problem, device, self.kernel_set_name)
+
+    def devices(self) -> list[DeviceInfo]:
+        if not self.probe():
+            return []
+        cupy = _cupy.import_cupy(self.pip_hint)
+        return [_cupy.device_info("cupy", i) for i in range(cupy.cuda.runtime.getDeviceCount())]
+
+    # --- execution --------------------------------------------------------------------------------------------
+    def forward(self, plan, input, weight, bias):
+        from .. import knobs
+
+        pr = plan.problem
+        run = _Run(self, plan, input)
+        y = run.io.empty(pr.output_shape, dense_strides(pr.output_shape, plan.memory_format), pr.dtype, knobs.poison())
+        if pr.params.transposed:
+            run.bwd_data(dx=y, w=weight, dy=input, bias=bias)
+        else:
+            run.fwd(x=input, w=weight, y=y, bias=bias)
+        return y
+
+    def backward(self, plan, grad_output, input, weight, output_mask):
+        from .. import knobs
+
+        pr, fmt, poison = plan.problem, plan.memory_format, knobs.poison()
+        run = _Run(self, plan, input, extra=(grad_output,))
+        gi = gw = gb = None
+        if output_mask[0]:
+            shape = tuple(input.shape)
+            gi = run.io.empty(shape, dense_strides(shape, fmt), pr.dtype, poison)
+            if pr.params.transposed:
+                run.fwd(x=grad_output, w=weight, y=gi, bias=None)
+            else:
+                run.bwd_data(dx=gi, w=weight, dy=grad_output, bias=None)
+        if output_mask[1]:
+            shape = tuple(weight.shape)
+            gw = run.io.empty(shape, dense_strides(shape, fmt), pr.dtype, poison)
+            if pr.params.transposed:
+                run.bwd_weight(x=grad_output, dy=input, dw=gw)
+            else:
+                run.bwd_weight(x=input, dy=grad_output, dw=gw)
+        if output_mask[2]:
+            channels = grad_output.shape[1]
+            gb = run.io.empty((channels,), (1,), pr.dtype, poison)
+            run.bias_grad(dy=grad_output, db=gb)
+        return gi, gw, gb
+
+
+class _Run:
+    """One call's launches: the compiled module of the plan's algorithm, the tensors' device and stream."""
+
+    def __init__(self, backend: CudaBackend, plan, like, extra=()):
+        self.backend, self.plan = backend, plan
+        self.io = backend.tensors(like)
+        self.view = ConvView.of(plan.problem)
+        self.alg = plan.algorithm
+        self.units = plan.device.compute_units or 132
+        pr = plan.problem
+        big = needs_index64((pr.input.shape, pr.input.strides), (pr.weight.shape, pr.weight.strides),
+                            (pr.output_shape, dense_strides(pr.output_shape, plan.memory_format)),
+                            *((tuple(t.shape), elem_strides(t)) for t in extra))
+        self.defines = {"PC_DTYPE": DTYPE_CODE[pr.dtype], "PC_INDEX64": int(big)}
+        self.acc64 = pr.dtype == "float64"
+        self.flags = FLAG_CL if plan.memory_format != "contiguous" else 0
+
+    def _fn(self, name: str):
+        return self.backend.kernels().function(ENTRY[self.alg], self.defines, self.io.device, name)
+
+    def _args(self, x=None, w=None, y=None, b=None, ws=None, xs=None, wst=None, ys=None, bs=0, splits=1, chunk=1,
+              C=None, K=None, R=None, Y=None):
+        import numpy as np
+
+        v = self.view
+        ptr = _cupy.Tensors.ptr
+        vals = [ptr(x), ptr(w), ptr(y), ptr(b), ptr(ws), v.N, v.C if C is None else C, v.K if K is None else K, v.G,
+                *v.X, *(v.Y if Y is None else Y), *(v.R if R is None else R), *v.S, *v.P, *v.DL,
+                *(xs or (0,) * 5), *(wst or (0,) * 5), *(ys or (0,) * 5), bs, splits, chunk, self.flags]
+        assert len(vals) == ARG_COUNT
+        return np.array(vals, dtype=np.int64).view(np.dtype((np.void, 8 * ARG_COUNT)))
+
+    def _launch(self, name: str, grid, args) -> None:
+        self.io.launch(self._fn(name), grid, THREADS, args)
+
+    def _elementwise_grid(self, total: int) -> tuple[int, int, int]:
+        return (max(1, min(-(-total // THREADS), self.units * 32)), 1, 1)
+
+    @staticmethod
+    def _bias_stride(bias) -> int:
+        return 0 if bias is None else _stride0(bias)
+
+    def fwd(self, x, w, y, bias) -> None:
+        v = self.view
+        a = self._args(x=x, w=w, y=y, b=bias, xs=strides5(x), wst=strides5(w), ys=strides5(y),
+                       bs=self._bias_stride(bias))
+        if self.alg == "implicit_gemm":
+            bm, bn, _ = IGEMM_TILE
+            grid = (-(-v.y_positions // bm), -(-(v.K // v.G) // bn), v.G)
+        else:
+            grid = self._elementwise_grid(v.y_positions * v.K)
+        self._launch(f"{PREFIX[self.alg]}_fwd", grid, a)
+
+    def bwd_data(self, dx, w, dy, bias) -> None:
+        v = self.view
+        a = self._args(x=dx, w=w, y=dy, b=bias, xs=strides5(dx), wst=strides5(w), ys=strides5(dy),
+                       bs=self._bias_stride(bias))
+        positions = v.N * v.X[0] * v.X[1] * v.X[2]
+        if self.alg == "implicit_gemm":
+            bm, bn, _ = IGEMM_TILE
+            grid = (-(-positions // bm), -(-(v.C // v.G) // bn), v.G)
+        else:
+            grid = self._elementwise_grid(positions * v.C)
+        self._launch(f"{PREFIX[self.alg]}_bwd_data", grid, a)
+
+    def bwd_weight(self, x, dy, dw) -> None:
+        v = self.view
+        cg, kg = v.C // v.G, v.K // v.G
+        count = v.K * cg * v.taps
+        total = v.y_positions
+        if self.alg == "implicit_gemm":
+            bm, bn, bk = IGEMM_TILE
+            tiles = (-(-kg // bm), -(-(cg * v.taps) // bn))
+            splits, chunk = _splits(tiles[0] * tiles[1] * v.G, total, 32 * bk, self.units, count, bk)
+            splits = min(splits, GRID_YZ_MAX // v.G)
+            chunk = -(-total // splits)
+            splits = -(-total // chunk)
+            grid = (tiles[0], tiles[1], v.G * splits)
+        elif self.alg == "depthwise":
+            chunks = -(-v.taps // DW_TAPS)
+            splits, chunk = _splits(v.K * chunks, total, 4 * THREADS, self.units, count)
+            grid = (v.K * chunks, splits, 1)
+        else:
+            splits, chunk = _splits(count, total, 4 * THREADS, self.units, count)
+            grid = (min(count, 2**31 - 1), splits, 1)
+        ws = self.io.workspace(splits * count, self.acc64) if splits > 1 else None
+        a = self._args(x=x, w=dw, y=dy, ws=ws, xs=strides5(x), wst=strides5(dw), ys=strides5(dy), splits=splits,
+                       chunk=chunk)
+        self._launch(f"{PREFIX[self.alg]}_bwd_weight", grid, a)
+        if splits > 1:
+            fin = self._args(w=dw, ws=ws, wst=strides5(dw), splits=splits, C=cg)
+            self._launch("portconv_split_finalize", self._elementwise_grid(count), fin)
+
+    def bias_grad(self, dy, db) -> None:
+        """grad_bias: dY summed over batch and space per channel (dY is the grad_output, whatever its role)."""
+        v = self.view
+        k = dy.shape[1]
+        ext = (1,) * (5 - len(dy.shape)) + tuple(dy.shape[2:])
+        total = v.N * ext[0] * ext[1] * ext[2]
+        splits, chunk = _splits(k, total, 8 * THREADS, self.units, k)
+        ws = self.io.workspace(splits * k, self.acc64) if splits > 1 else None
+        a = self._args(y=dy, b=db, ws=ws, ys=strides5(dy), bs=_stride0(db), splits=splits, chunk=chunk, K=k, Y=ext)
+        self._launch("portconv_bias_grad", (k, splits, 1), a)
+        if splits > 1:
+            fin = self._args(w=db, ws=ws, wst=(_stride0(db), 0, 0, 0, 0), splits=splits, C=1, K=k, R=(1, 1, 1))
+            self._launch("portconv_split_finalize", self._elementwise_grid(k), fin)
+
+
+def _stride0(t) -> int:
+    """The element stride of a 1-D torch tensor or CuPy array."""
+    return elem_strides(t)[0]

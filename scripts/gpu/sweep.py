@@ -1,0 +1,217 @@
+"""Device-machine sweep: every cuda algorithm (forced) and the cudnn backend on a case list, in all four dtypes,
+against float64 PyTorch on the CPU; then a few timings. Prints a short table; writes JSON to $OUT (or ./out)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.getcwd())
+from portconv.backends import BackendId, Problem, _cupy, cuda, cudnn  # noqa: E402
+from portconv.errors import Unsupported  # noqa: E402
+from portconv.params import ConvParams  # noqa: E402
+from portconv.plan import Plan  # noqa: E402
+from portconv.tensors import spec_of  # noqa: E402
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
+TOL = {"float64": 1e-12, "float32": 2e-5, "float16": 2e-3, "bfloat16": 1.6e-2}  # relative L2 error
+CASES = [  # name, input shape, weight shape, conv kwargs, layout
+    ("dense3x3", (4, 32, 20, 20), (48, 32, 3, 3), dict(padding=1), "contig"),
+    ("dense3x3-cl", (2, 24, 15, 17), (40, 24, 3, 3), dict(padding=1, stride=2), "chlast"),
+    ("dense1x1-long", (8, 64, 28, 28), (16, 64, 1, 1), {}, "contig"),
+    ("dense7x7-s2", (2, 3, 33, 33), (16, 3, 7, 7), dict(stride=2, padding=3), "contig"),
+    ("dilated", (2, 8, 21, 19), (8, 8, 3, 3), dict(dilation=(2, 3), padding=(2, 1)), "strided"),
+    ("grouped", (2, 32, 14, 14), (64, 8, 3, 3), dict(groups=4, padding=1), "contig"),
+    ("grouped-cl", (2, 12, 10, 10), (12, 4, 3, 3), dict(groups=3, stride=2), "chlast"),
+    ("dw3x3", (4, 64, 28, 28), (64, 1, 3, 3), dict(groups=64, padding=1), "contig"),
+    ("dw3x3-s2-cl", (2, 48, 29, 29), (48, 1, 3, 3), dict(groups=48, padding=1, stride=2), "chlast"),
+    ("dw5x5-m2", (2, 16, 19, 19), (32, 1, 5, 5), dict(groups=16, padding=2), "contig"),
+    ("dw7x7-dil", (1, 8, 30, 30), (8, 1, 7, 7), dict(groups=8, padding=6, dilation=2), "strided"),
+    ("conv1d-same", (4, 16, 101), (24, 16, 4), dict(padding="same", dilation=3), "contig"),
+    ("conv1d-dw", (2, 32, 200), (32, 1, 9), dict(groups=32, padding=4, stride=2), "contig"),
+    ("conv3d", (2, 8, 9, 10, 11), (16, 8, 3, 3, 3), dict(padding=1, stride=(1, 2, 2)), "contig"),
+    ("conv3d-cl", (1, 16, 6, 12, 12), (16, 16, 3, 3, 3), dict(padding=1), "chlast"),
+    ("dw3d", (2, 16, 8, 12, 12), (16, 1, 3, 3, 3), dict(groups=16, padding=1), "contig"),
+    ("tconv-s2", (2, 32, 8, 8), (32, 16, 4, 4), dict(stride=2, padding=1, transposed=True), "contig"),
+    ("tconv-op", (2, 8, 7, 9), (8, 12, 3, 3), dict(stride=3, padding=1, output_padding=2, transposed=True), "chlast"),
+    ("tconv-grp", (1, 12, 6, 6), (12, 2, 3, 3), dict(stride=2, groups=3, output_padding=1, transposed=True), "contig"),
+    ("tconv1d", (2, 16, 30), (16, 8, 5), dict(stride=2, padding=2, dilation=2, transposed=True), "contig"),
+    ("batch1-big-wgrad", (1, 64, 64, 64), (64, 64, 3, 3), dict(padding=1), "contig"),
+]
+SMALL = ("dense3x3", "grouped", "dw3x3", "conv1d-same", "dw3d", "tconv-op")
+
+
+def make(case, dtype, dev):
+    name, xs, ws, kw, layout = case
+    g = torch.Generator().manual_seed(sum(xs) * 7 + sum(ws))
+    x = torch.randn(xs, generator=g, dtype=torch.float64)
+    w = torch.randn(ws, generator=g, dtype=torch.float64) / (ws[1] * ws[2]) ** 0.5
+    p = ConvParams.make(len(xs) - 2, weight_shape=ws, **kw)
+    b = torch.randn(ws[1] * p.groups if p.transposed else ws[0], generator=g, dtype=torch.float64)
+    x, w, b = (t.to(DTYPES[dtype]) for t in (x, w, b))
+    xd = x.to(dev)
+    if layout == "chlast":
+        xd = xd.contiguous(memory_format=torch.channels_last if x.dim() == 4 else torch.channels_last_3d)
+    elif layout == "strided":
+        big = torch.zeros(xs[:-1] + (2 * xs[-1],), dtype=x.dtype, device=dev)
+        big[..., ::2] = xd
+        xd = big[..., ::2]
+    return (x, w, b, p), (xd, w.to(dev), b.to(dev))
+
+
+def reference(x, w, b, p, go):
+    x64, w64, b64, go64 = (t.double() for t in (x, w, b, go))
+    xp = F.pad(x64, [v for e in reversed(p.padding_extra) for v in (0, e)]) if any(p.padding_extra) else x64
+    y = torch.ops.aten.convolution(xp, w64, b64, **p.as_aten())
+    gi, gw, gb = torch.ops.aten.convolution_backward(go64, xp, w64, [b.shape[0]], **p.as_aten(),
+                                                     output_mask=[True, True, True])
+    if any(p.padding_extra):
+        gi = gi[(slice(None), slice(None)) + tuple(slice(0, s) for s in x.shape[2:])]
+    return y, gi, gw, gb
+
+
+def rel(got, ref) -> float:
+    g = got.detach().double().cpu()
+    if g.shape != ref.shape:
+        return float("inf")
+    if not torch.isfinite(g).all():
+        return float("nan")
+    return ((g - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+
+
+def correctness(cases, dev, rows, dtypes=tuple(DTYPES), with_cudnn=True):
+    os.environ["PORTCONV_POISON"] = "1"
+    cb, db = cuda.CudaBackend(), cudnn.CudnnBackend()
+    torch.backends.cudnn.allow_tf32 = False
+    for case in cases:
+        for dtype in dtypes:
+            (x, w, b, p), (xd, wd, bd) = make(case, dtype, dev)
+            problem = Problem(p, spec_of(xd), spec_of(wd), True)
+            go = torch.randn(problem.output_shape, dtype=torch.float64).to(DTYPES[dtype])
+            ref = reference(x, w, b, p, go)
+            dev_info = cb.device_for(problem)
+            choice = cb.choose(problem, dev_info)
+            algs = ["direct", "implicit_gemm"] + (["depthwise"] if problem.is_depthwise else [])
+            runs = [(a, cb, Plan(problem, BackendId.CUDA, a, choice.memory_format, choice.reason, dev_info))
+                    for a in algs]
+            try:
+                if not with_cudnn:
+                    raise Unsupported("not requested")
+                c2 = db.choose(problem, dev_info)
+                runs.append(("cudnn", db, Plan(problem, BackendId.CUDNN, c2.algorithm, c2.memory_format, c2.reason,
+                                               dev_info, c2.math)))
+            except Unsupported as e:
+                rows.append(dict(case=case[0], dtype=dtype, alg="cudnn", status="unsupported", reason=e.reason))
+            for alg, be, plan in runs:
+                row = dict(case=case[0], dtype=dtype, alg=alg, chosen=alg == choice.algorithm)
+                try:
+                    y = be.forward(plan, xd, wd, bd)
+                    grads = be.backward(plan, go.to(dev), xd, wd, (True, True, True))
+                    torch.cuda.synchronize(dev)
+                    errs = [rel(g_, r_) for g_, r_ in zip((y, *grads), ref)]
+                    row.update(errs=errs, status="pass" if all(e < TOL[dtype] for e in errs) else "FAIL")
+                except Exception as e:  # noqa: BLE001 - a sweep records every failure and goes on
+                    row.update(status="ERROR", reason=f"{type(e).__name__}: {e}"[:400], tb=traceback.format_exc())
+                rows.append(row)
+                if row["status"] != "pass":
+                    print("  ", row["case"], dtype, alg, row["status"], row.get("errs"), row.get("reason", ""))
+
+
+def median_ms(fn, dev, reps=20):
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times)
+
+
+def _time_shape(name, xs, ws, kw, dtype, dev, cb):
+    x = torch.randn(xs, device=dev, dtype=DTYPES[dtype])
+    w = torch.randn(ws, device=dev, dtype=DTYPES[dtype])
+    p = ConvParams.make(2, weight_shape=ws, **kw)
+    problem = Problem(p, spec_of(x), spec_of(w), False)
+    go = torch.randn(problem.output_shape, device=dev, dtype=x.dtype)
+    info = cb.device_for(problem)
+    choice = cb.choose(problem, info)
+    row = dict(shape=name, dtype=dtype, chosen=choice.algorithm)
+    masks = ((True, False, False), (False, True, False))
+    for alg in ("direct", "implicit_gemm") + (("depthwise",) if problem.is_depthwise else ()):
+        plan = Plan(problem, BackendId.CUDA, alg, choice.memory_format, choice.reason, info)
+        row[alg] = [median_ms(lambda plan=plan: cb.forward(plan, x, w, None), dev)] + [
+            median_ms(lambda m=m, plan=plan: cb.backward(plan, go, x, w, m), dev) for m in masks]
+    bs = [w.shape[0]]
+    row["torch"] = [median_ms(lambda: F.conv2d(x, w, None, **kw), dev)] + [
+        median_ms(lambda m=m: torch.ops.aten.convolution_backward(go, x, w, bs, p.stride, p.padding, p.dilation,
+                                                                  False, [0, 0], p.groups, list(m)), dev)
+        for m in masks]
+    return row
+
+
+def timings(dev, rows):
+    os.environ["PORTCONV_POISON"] = "0"
+    torch.backends.cudnn.allow_tf32 = True
+    shapes = [("mbv2-dw3x3", (32, 144, 56, 56), (144, 1, 3, 3), dict(padding=1, groups=144)),
+              ("resnet-3x3", (32, 64, 56, 56), (64, 64, 3, 3), dict(padding=1))]
+    cb = cuda.CudaBackend()
+    for name, xs, ws, kw in shapes:
+        for dtype in ("float32", "float16"):
+            rows.append(_time_shape(name, xs, ws, kw, dtype, dev, cb))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--small", action="store_true", help="a few cases (for compute-sanitizer)")
+    ap.add_argument("--no-time", action="store_true")
+    ap.add_argument("--dtypes", default=",".join(DTYPES))
+    ap.add_argument("--cases", default="", help="comma-separated case names (default: all, or --small's)")
+    ap.add_argument("--no-cudnn", action="store_true")
+    a = ap.parse_args()
+    dev = torch.device("cuda", torch.cuda.current_device())
+    out = os.environ.get("OUT", "out")
+    os.makedirs(out, exist_ok=True)
+    names = a.cases.split(",") if a.cases else (SMALL if a.small else [c[0] for c in CASES])
+    cases = [c for c in CASES if c[0] in names]
+    rows, trows = [], []
+    t0 = time.time()
+    correctness(cases, dev, rows, a.dtypes.split(","), not a.no_cudnn)
+    t1 = time.time()
+    if not a.no_time:
+        timings(dev, trows)
+    info = dict(device=torch.cuda.get_device_name(dev), torch=torch.__version__, cuda=torch.version.cuda,
+                cudnn=torch.backends.cudnn.version(), cupy=_cupy.import_cupy().__version__,
+                compile=[e.__dict__ for e in _cupy.compile_events()], seconds=dict(correct=t1 - t0))
+    with open(os.path.join(out, "sweep-small.json" if a.small or a.cases else "sweep.json"), "w") as f:
+        json.dump(dict(info=info, rows=rows, timings=trows), f, indent=1, default=str)
+    bad = [r for r in rows if r["status"] not in ("pass", "unsupported")]
+    by = {}
+    for r in rows:
+        by.setdefault((r["alg"], r["dtype"]), []).append(r["status"])
+    print(f"device {info['device']}; torch {info['torch']} CUDA {info['cuda']} cuDNN {info['cudnn']} "
+          f"CuPy {info['cupy']}; {len(rows)} runs in {t1 - t0:.1f} s, {len(bad)} not passing")
+    for (alg, dt), st in sorted(by.items()):
+        print(f"  {alg:<14}{dt:<9} pass {st.count('pass'):>3}  fail {st.count('FAIL'):>2}  error {st.count('ERROR'):>2}"
+              f"  unsupported {st.count('unsupported'):>2}")
+    comp = _cupy.compile_events()
+    if comp:
+        print(f"  first compile {comp[0].seconds:.2f} s ({comp[0].how}); {len(comp)} modules, "
+              f"{sum(e.seconds for e in comp):.1f} s in all")
+    for r in trows:
+        print("  time ms [fwd, bwd_data, bwd_weight]", r)
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+"""The cuda backend: its selection rule (pure), and on an NVIDIA GPU its kernels against float64 PyTorch, zero copy,
+streams, device indices, CuPy arrays, the compile cache and proof (torch.profiler) that portconv's kernels ran."""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import require_backend
+
+import portconv
+from portconv.backends import BackendId, Problem, cuda
+from portconv.device import DeviceInfo
+from portconv.errors import Unsupported
+from portconv.params import ConvParams
+from portconv.plan import Plan, clear_cache
+from portconv.tensors import TensorSpec, dense_strides, spec_of
+
+H100 = DeviceInfo(vendor="nvidia", kind="gpu", name="H100", arch="sm_90", compute_units=132, fp16=True, bf16=True)
+TOL = {torch.float64: 1e-10, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}  # relative L2 error
+
+
+def _spec(shape, dtype="float32", fmt="contiguous"):
+    return TensorSpec(tuple(shape), dense_strides(shape, fmt), dtype, "cuda", 0, "torch")
+
+
+def _problem(x_shape, w_shape, dtype="float32", fmt="contiguous", **kw) -> Problem:
+    p = ConvParams.make(len(x_shape) - 2, weight_shape=w_shape, **kw)
+    return Problem(p, _spec(x_shape, dtype, fmt), _spec(w_shape, dtype), True)
+
+
+# --- the rule, as a table (no GPU needed) -----------------------------------------------------------------------
+RULE_TABLE = [
+    # (input, weight, kwargs, dtype, algorithm, words the reason must contain)
+    ((8, 144, 56, 56), (144, 1, 3, 3), dict(padding=1, groups=144), "float32", "depthwise", "multiplier 1"),
+    ((2, 16, 9, 9), (32, 1, 3, 3), dict(groups=16, stride=2), "float16", "depthwise", "multiplier 2"),
+    ((2, 8, 5, 9, 9), (8, 1, 3, 3, 3), dict(groups=8, padding=1), "bfloat16", "depthwise", "depthwise"),
+    ((8, 64, 56, 56), (64, 64, 3, 3), dict(padding=1), "float32", "implicit_gemm", "M=25088 N=64 K=576"),
+    ((4, 3, 16), (8, 3, 5), dict(padding="same"), "float64", "implicit_gemm", "implicit GEMM"),
+    ((2, 16, 7, 7), (16, 8, 4, 4), dict(stride=2, transposed=True), "float32", "implicit_gemm", "M="),
+    ((2, 32, 14, 14), (64, 8, 3, 3), dict(groups=4, padding=1), "float32", "direct", "groups = 4"),
+    ((2, 16, 7, 7), (16, 1, 3, 3), dict(groups=16, transposed=True), "float32", "direct", "not depthwise"),
+]
+
+
+@pytest.mark.parametrize("x,w,kw,dtype,alg,words", RULE_TABLE)
+def test_rule_table(x, w, kw, dtype, alg, words):
+    c = cuda.choose_for(_problem(x, w, dtype, **kw), H100)
+    assert c.algorithm == alg and words in c.reason, c
+    assert c.math == ("fp32-accumulate" if dtype in ("float16", "bfloat16") else "ieee")
+
+
+def test_rule_layout_index_width_and_dtypes():
+    c = cuda.choose_for(_problem((2, 8, 9, 9), (8, 8, 3, 3), fmt="channels_last"), H100)
+    assert c.memory_format == "channels_last"
+    big = cuda.choose_for(_problem((2**16, 64, 32, 32), (64, 64, 3, 3), padding=1), H100)  # 2**32 elements
+    assert "64-bit indexing" in big.reason
+    with pytest.raises(Unsupported, match="not int32"):
+        cuda.choose_for(_problem((1, 2, 5, 5), (2, 2, 3, 3), "int32"), H100)
+    with pytest.raises(Unsupported, match="NVIDIA"):
+        cuda.CudaBackend().choose(_problem((1, 2, 5, 5), (2, 2, 3, 3)), dataclasses.replace(H100, vendor="amd"))
+
+
+def test_rocm_and_cpu_tensors_are_not_the_cuda_backends(monkeypatch):
+    be = cuda.CudaBackend()
+    cpu = Problem(ConvParams.make(2), dataclasses.replace(_spec((1, 2, 5, 5)), device_type="cpu", device_index=None),
+                  _spec((2, 2, 3, 3)), False)
+    with pytest.raises(Unsupported, match="CUDA tensors and CuPy arrays"):
+        be.device_for(cpu)
+    monkeypatch.setattr(torch.version, "hip", "7.0.0", raising=False)
+    with pytest.raises(Unsupported, match="ROCm"):
+        be.device_for(_problem((1, 2, 5, 5), (2, 2, 3, 3)))
+
+
+# --- on the GPU ---------------------------------------------------------------------------------------------------
+@pytest.fixture
+def gpu(requested_backends, monkeypatch):
+    if "cuda" not in requested_backends:
+        pytest.skip("the cuda backend was not requested (pytest --backend cuda)")
+    require_backend("cuda")
+    monkeypatch.setenv("PORTCONV_POISON", "1")
+    clear_cache()
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def reference(x, w, b, p: ConvParams, go):
+    x64, w64, b64, go64 = (None if t is None else t.detach().double().cpu() for t in (x, w, b, go))
+    xp = F.pad(x64, [v for e in reversed(p.padding_extra) for v in (0, e)]) if any(p.padding_extra) else x64
+    y = torch.ops.aten.convolution(xp, w64, b64, **p.as_aten())
+    gi, gw, gb = torch.ops.aten.convolution_backward(go64, xp, w64, [y.shape[1]], **p.as_aten(),
+                                                     output_mask=[True, True, b is not None])
+    if any(p.padding_extra):
+        gi = gi[(slice(None), slice(None)) + tuple(slice(0, s) for s in x.shape[2:])]
+    return y, gi, gw, gb
+
+
+def assert_close(got, ref, dtype, what):
+    got = torch.as_tensor(got).double().cpu()
+    assert tuple(got.shape) == tuple(ref.shape), what
+    assert torch.isfinite(got).all(), f"{what}: non-finite (unwritten) elements"
+    err = ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    assert err < TOL[dtype], f"{what}: relative error {err:.3g}"
+
+
+GPU_CASES = [  # (input, weight, conv kwargs, layout)
+    ((4, 16, 20, 20), (32, 16, 3, 3), dict(padding=1), "contig"),
+    ((2, 24, 17, 15), (24, 1, 3, 3), dict(padding=1, stride=2, groups=24), "chlast"),
+    ((2, 8, 33), (16, 4, 4), dict(padding="same", dilation=2, groups=2), "strided"),
+    ((1, 4, 6, 7, 8), (6, 4, 3, 3, 3), dict(padding=1, stride=(1, 2, 2)), "chlast"),
+    ((2, 12, 9, 9), (12, 8, 4, 4), dict(stride=2, padding=1, output_padding=1, transposed=True), "contig"),
+    ((3, 8, 40, 40), (16, 1, 5, 5), dict(padding=2, groups=8), "contig"),
+]
+
+
+def _make(xs, ws, kw, layout, dtype, dev):
+    g = torch.Generator(device=dev).manual_seed(sum(xs) * 31 + sum(ws))
+    x = torch.randn(xs, generator=g, device=dev, dtype=torch.float32)
+    if layout == "chlast" and len(xs) in (4, 5):
+        x = x.contiguous(memory_format=torch.channels_last if len(xs) == 4 else torch.channels_last_3d)
+    if layout == "strided":
+        x = torch.randn(xs[:-1] + (2 * xs[-1],), generator=g, device=dev)[..., 1::2]
+    w = torch.randn(ws, generator=g, device=dev) / (ws[1] * max(ws[2], 1)) ** 0.5
+    p = ConvParams.make(len(xs) - 2, weight_shape=ws, **kw)
+    b = torch.randn((ws[1] * p.groups) if p.transposed else ws[0], generator=g, device=dev)
+    return x.to(dtype), w.to(dtype), b.to(dtype), p
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", range(len(GPU_CASES)))
+def test_every_algorithm_matches_float64(gpu, case, dtype):
+    xs, ws, kw, layout = GPU_CASES[case]
+    x, w, b, p = _make(xs, ws, kw, layout, dtype, gpu)
+    problem = Problem(p, spec_of(x), spec_of(w), True)
+    be = cuda.CudaBackend()
+    choice = be.choose(problem, be.device_for(problem))
+    go = torch.randn(problem.output_shape, device=gpu).to(dtype)
+    ref = reference(x, w, b, p, go)
+    for alg in ["direct", "implicit_gemm"] + (["depthwise"] if problem.is_depthwise else []):
+        plan = Plan(problem, BackendId.CUDA, alg, choice.memory_format, choice.reason, be.device_for(problem))
+        y = be.forward(plan, x, w, b)
+        grads = be.backward(plan, go, x, w, (True, True, True))
+        for name, got, r in zip(("output", "grad_input", "grad_weight", "grad_bias"), (y, *grads), ref):
+            assert_close(got, r, dtype, f"{alg} {name}")
+            assert got.device == gpu and got.dtype == dtype
+
+
+def test_public_api_autograd_and_output_mask(gpu):
+    x, w, b, p = _make((2, 8, 12, 12), (16, 8, 3, 3), dict(padding=1), "contig", torch.float32, gpu)
+    x.requires_grad_(True)
+    y = portconv.conv2d(x, w, b, padding=1, backend="cuda")
+    assert portconv.plan(x, w, b, padding=1, backend="cuda").backend == BackendId.CUDA
+    y.sum().backward()
+    ref = reference(x, w, b, p, torch.ones_like(y))
+    assert_close(y.detach(), ref[0], torch.float32, "output")
+    assert_close(x.grad, ref[1], torch.float32, "grad_input")
+    gi, gw, gb = portconv.convolution_backward(torch.ones_like(y), x.detach(), w, [16], [1, 1], [1, 1], [1, 1],
+                                               False, [0, 0], 1, output_mask=(False, True, False), backend="cuda")
+    assert gi is None and gb is None
+    assert_close(gw, ref[2], torch.float32, "grad_weight")
+
+
+def test_zero_copy_and_current_stream(gpu):
+    """Inputs are read in place and work is queued on torch's current stream: a copy into x queued behind a
+    long sleep on a side stream must be seen by the convolution issued on that same stream."""
+    x, w, b, p = _make((4, 16, 64, 64), (16, 16, 3, 3), dict(padding=1), "contig", torch.float32, gpu)
+    ptr = x.data_ptr()
+    new = torch.randn_like(x)
+    side = torch.cuda.Stream(gpu)
+    torch.cuda.synchronize(gpu)
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of spinning on the side stream
+        x.copy_(new)
+        y = portconv.conv2d(x, w, b, padding=1, backend="cuda")
+    side.synchronize()
+    assert x.data_ptr() == ptr and y.device == gpu
+    assert_close(y, reference(new, w, b, p, torch.zeros(y.shape))[0], torch.float32, "output on the side stream")
+
+
+def test_non_default_device(gpu):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("one GPU: the non-default device index cannot be exercised here")
+    dev = torch.device("cuda", 1)
+    x, w, b, p = _make((2, 8, 10, 10), (8, 8, 3, 3), dict(padding=1), "contig", torch.float32, dev)
+    y = portconv.conv2d(x, w, b, padding=1, backend="cuda")
+    assert y.device == dev
+    assert_close(y, reference(x, w, b, p, torch.zeros(y.shape))[0], torch.float32, "output on cuda:1")
+
+
+def test_cupy_arrays_in_and_out(gpu):
+    cupy = pytest.importorskip("cupy")
+    x, w, b, p = _make((2, 6, 11, 11), (12, 6, 3, 3), dict(padding=1, stride=2), "contig", torch.float32, gpu)
+    xc, wc, bc = (cupy.asarray(t.cpu().numpy()) for t in (x, w, b))
+    y = portconv.conv2d(xc, wc, bc, padding=1, stride=2, backend="cuda")
+    assert isinstance(y, cupy.ndarray) and y.device.id == gpu.index
+    assert_close(torch.from_numpy(cupy.asnumpy(y)), reference(x, w, b, p, torch.zeros(1, 12, 6, 6))[0],
+                 torch.float32, "cupy output")
+
+
+def test_index64_variant(gpu, monkeypatch):
+    """The 64-bit-index build computes the same numbers (forced here on a small problem)."""
+    monkeypatch.setattr(cuda, "needs_index64", lambda *specs: True)
+    x, w, b, p = _make((2, 8, 9, 9), (8, 8, 3, 3), dict(padding=1), "contig", torch.float32, gpu)
+    y = portconv.conv2d(x, w, b, padding=1, backend="cuda")
+    assert "64-bit" in portconv.plan(x, w, b, padding=1, backend="cuda").reason
+    assert_close(y, reference(x, w, b, p, torch.zeros(y.shape))[0], torch.float32, "64-bit index output")
+
+
+def test_compile_cache_on_disk(gpu, tmp_path, monkeypatch):
+    from portconv.backends import _cupy
+
+    monkeypatch.setenv("PORTCONV_CACHE_DIR", str(tmp_path))
+    for expect in ("nvrtc", "disk"):
+        ks = _cupy.KernelSet()
+        n = len(_cupy.compile_events())
+        ks.module("direct.cu", {"PC_DTYPE": 0, "PC_INDEX64": 0}, gpu.index)
+        ks.module("direct.cu", {"PC_DTYPE": 0, "PC_INDEX64": 0}, gpu.index)  # the memory cache: no new event
+        events = _cupy.compile_events()[n:]
+        assert [e.how for e in events] == [expect] and events[0].seconds > 0
+    assert len(list((tmp_path / "cuda").glob("*.bin"))) == 1
+
+
+def test_profiler_sees_portconv_kernels(gpu):
+    from torch.profiler import ProfilerActivity, profile
+
+    x, w, b, _ = _make((2, 16, 24, 24), (16, 1, 3, 3), dict(padding=1, groups=16), "contig", torch.float32, gpu)
+    x.requires_grad_(True)
+    portconv.conv2d(x, w, b, padding=1, groups=16, backend="cuda").sum().backward()  # compile outside the profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        portconv.conv2d(x, w, b, padding=1, groups=16, backend="cuda").sum().backward()
+        torch.cuda.synchronize(gpu)
+    names = {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+    assert {"portconv_depthwise_fwd", "portconv_depthwise_bwd_data"} <= names, sorted(names)
+    assert not [n for n in names if re.search(r"cudnn|xmma|conv_depthwise[23]d", n, re.I)], sorted(names)
