@@ -5,7 +5,6 @@ from collections.abc import Sequence
 
 from . import validate
 from .backends import Problem
-from .errors import ConvError
 from .params import ConvParams
 from .plan import Plan, select
 from .tensors import spec_of
@@ -23,12 +22,10 @@ def make_problem(input, weight, bias, params: ConvParams) -> Problem:
     return Problem(params=params, input=ispec, weight=wspec, has_bias=bias is not None)
 
 
-def _params(weight, stride, padding, dilation, transposed, output_padding, groups) -> ConvParams:
-    rank = len(spec_of(weight).shape) - 2
-    if rank < 1:
-        raise ConvError(f"weight should have at least three dimensions, but got {len(spec_of(weight).shape)}")
-    return ConvParams.make(rank, stride, padding, dilation, transposed, output_padding, groups,
-                           weight_shape=spec_of(weight).shape)
+def _params(weight, stride, padding, dilation, transposed, output_padding, groups, backward=False) -> ConvParams:
+    shape = spec_of(weight).shape  # make() raises PyTorch's "weight should have at least three dimensions"
+    return ConvParams.make(max(len(shape) - 2, 1), stride, padding, dilation, transposed, output_padding, groups,
+                           weight_shape=shape, backward=backward)
 
 
 def plan(input, weight, bias=None, stride=1, padding=0, dilation=1, transposed=False, output_padding=0, groups=1,
@@ -70,23 +67,25 @@ def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding
 
     This is the call for a user who has a forward kernel of their own and needs a correct backward.
     """
-    params = _params(weight, stride, padding, dilation, transposed, output_padding, groups)
+    params = _params(weight, stride, padding, dilation, transposed, output_padding, groups, backward=True)
     problem = make_problem(input, weight, None, params)
     bias_sizes = None if bias_sizes is None else [int(s) for s in bias_sizes]
     validate.check_backward(spec_of(grad_output), problem, bias_sizes, output_mask)
     mask = tuple(bool(m) for m in output_mask)
     if validate.is_empty_problem(problem):
-        return validate.empty_backward(grad_output, input, weight, params, mask)
+        return validate.empty_backward(grad_output, input, weight, params, mask, bias_sizes)
     return select(problem, backend).backward(grad_output, input, weight, mask)
 
 
 def _convnd(rank: int, name: str, input, weight, bias, stride, padding, dilation, groups, backend,
             transposed=False, output_padding=0):
+    if not transposed and not isinstance(padding, str):  # conv1d/2d/3d check the bias dtype first
+        validate.check_functional_bias(spec_of(input), None if bias is None else spec_of(bias))
     is_batched = validate.batchify(spec_of(input), rank, name)
     if not is_batched:
         input = input[None]
     params = ConvParams.make(rank, stride, padding, dilation, transposed, output_padding, groups,
-                             weight_shape=spec_of(weight).shape)
+                             weight_shape=spec_of(weight).shape, input_shape=spec_of(input).shape)
     out = _run(input, weight, bias, params, backend)
     return out if is_batched else out[0]
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Sequence
 
 from .errors import ConvError
@@ -9,20 +10,61 @@ from .errors import ConvError
 IntOrSeq = int | Sequence[int]
 
 
+def _sizes(values: Sequence[int]) -> str:
+    """c10's ``operator<<`` for an IntArrayRef: ``[1, 2, 3]``."""
+    return "[" + ", ".join(str(v) for v in values) + "]"
+
+
+def _int_list(value: IntOrSeq, fname: str, rank: int) -> list[int]:
+    """What Python's argument parser hands to ATen: an int becomes ``rank`` copies, a sequence stays as it is."""
+    if isinstance(value, bool):
+        raise TypeError(f"argument '{fname}' must be tuple of ints, not bool")
+    try:
+        return [operator.index(value)] * rank
+    except TypeError:
+        pass
+    if isinstance(value, str):
+        raise TypeError(f"argument '{fname}' must be tuple of ints, not str")
+    try:
+        return [operator.index(v) for v in value]
+    except TypeError:
+        raise TypeError(f"argument '{fname}' must be tuple of ints, not {type(value).__name__}") from None
+
+
 def expand_param_if_needed(value: IntOrSeq, fname: str, expected_dim: int) -> tuple[int, ...]:
     """PyTorch's ``expand_param_if_needed`` (ATen/native/utils/ParamUtils.h), same message."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return (value,) * expected_dim
-    vals = tuple(int(v) for v in value)
+    vals = _int_list(value, fname, expected_dim)
     if len(vals) == 1:
-        return vals * expected_dim
+        return tuple(vals) * expected_dim
     if len(vals) != expected_dim:
-        shown = "[" + ", ".join(str(v) for v in vals) + "]"
         raise ConvError(
             f"expected {fname} to be a single integer value or a list of {expected_dim} values to match the "
-            f"convolution dimensions, but got {fname}={shown}"
+            f"convolution dimensions, but got {fname}={_sizes(vals)}"
         )
-    return vals
+    return tuple(vals)
+
+
+def same_padding(kernel: Sequence[int], dilation: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """ATen's ``pooling_same_mode_padding_lr`` for stride 1: (low padding, extra high-side padding) per dim.
+
+    C++ integer division truncates toward zero; that only matters for negative dilations, which then fail
+    check_shape_forward's "negative padding" check exactly as in PyTorch.
+    """
+    totals = [d * (k - 1) for d, k in zip(dilation, kernel)]
+    low = tuple(int(t / 2) for t in totals)
+    return low, tuple(t - 2 * lo for t, lo in zip(totals, low))
+
+
+# Note [ConvParams.make and PyTorch's call chain]
+# make() follows what torch.nn.functional.convNd / aten::convolution do before check_shape_forward, in the
+# same order, so the first error is the same one PyTorch reports:
+#   1. ``weight should have at least three dimensions`` (_convolution / convolution_same);
+#   2. padding='same' (convolution_same): groups, input rank, stride/dilation broadcast, stride == 1;
+#   3. ``non-positive groups is not supported`` (_convolution; convolution_backward skips it and lets
+#      check_shape_forward say "expected groups to be greater than 0" instead: ``backward=True``);
+#   4. expand_param_if_needed for stride, padding, dilation, output_padding, to the *weight's* spatial rank.
+# ``rank`` is the spatial rank of the caller (2 for conv2d): like Python's argument parser for ``int[2]``, an
+# int argument becomes ``rank`` copies before step 4, so conv2d with a 3-d weight fails as torch's does.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,32 +99,50 @@ class ConvParams:
     @classmethod
     def make(cls, rank: int, stride: IntOrSeq = 1, padding: IntOrSeq | str = 0, dilation: IntOrSeq = 1,
              transposed: bool = False, output_padding: IntOrSeq = 0, groups: int = 1,
-             weight_shape: Sequence[int] | None = None) -> ConvParams:
-        """Expand every argument to ``rank`` entries; resolve 'same'/'valid' (needs weight_shape)."""
-        stride_t = expand_param_if_needed(stride, "stride", rank)
-        dilation_t = expand_param_if_needed(dilation, "dilation", rank)
-        out_pad = expand_param_if_needed(output_padding, "output_padding", rank)
-        extra = (0,) * rank
+             weight_shape: Sequence[int] | None = None, input_shape: Sequence[int] | None = None,
+             backward: bool = False) -> ConvParams:
+        """Expand every argument and resolve 'same'/'valid' with PyTorch's checks and texts.
+
+        ``rank`` is the caller's spatial rank; with ``weight_shape`` the expansion follows the weight's rank
+        (Note [ConvParams.make and PyTorch's call chain]). ``input_shape`` (batched) lets padding='same' check
+        the input rank first, as convolution_same does. ``backward=True`` follows convolution_backward.
+        """
+        groups = operator.index(groups)
         if isinstance(padding, str):
-            if padding == "valid":
-                pad = (0,) * rank
-            elif padding == "same":
-                if any(s != 1 for s in stride_t):
-                    raise ConvError("padding='same' is not supported for strided convolutions")
-                if weight_shape is None:
-                    raise ConvError("padding='same' needs the weight shape")
-                totals = [d * (k - 1) for d, k in zip(dilation_t, weight_shape[2:])]
-                pad = tuple(t // 2 for t in totals)
-                extra = tuple(t - 2 * (t // 2) for t in totals)
-            else:
+            if transposed:
+                raise TypeError("argument 'padding' must be tuple of ints, not str")
+            if padding not in ("same", "valid"):
                 raise ConvError(f"Invalid padding string: '{padding}'")
-        else:
-            pad = expand_param_if_needed(padding, "padding", rank)
-        return cls(stride_t, pad, dilation_t, bool(transposed), out_pad, int(groups), extra)
+        dim = rank
+        if weight_shape is not None:
+            if len(weight_shape) < 3:
+                raise ConvError("weight should have at least three dimensions")
+            dim = len(weight_shape) - 2
+        extra = (0,) * dim
+        if isinstance(padding, str):
+            if padding == "same":
+                stride_l, dilation_l = _same_checks(rank, dim, stride, dilation, groups, weight_shape, input_shape)
+                stride = stride_l if len(stride_l) == dim else stride_l * dim
+                dilation_l = dilation_l if len(dilation_l) == dim else dilation_l * dim
+                padding, extra = same_padding(weight_shape[2:], dilation_l)
+            else:
+                padding = [0]
+            output_padding = [0]
+        if groups <= 0 and not backward:
+            raise ConvError("non-positive groups is not supported")
+        stride_t = expand_param_if_needed(_int_list(stride, "stride", rank), "stride", dim)
+        pad_t = expand_param_if_needed(_int_list(padding, "padding", rank), "padding", dim)
+        dilation_t = expand_param_if_needed(_int_list(dilation, "dilation", rank), "dilation", dim)
+        out_pad = expand_param_if_needed(_int_list(output_padding, "output_padding", rank), "output_padding", dim)
+        return cls(stride_t, pad_t, dilation_t, bool(transposed), out_pad, groups, extra)
 
     # --- shape arithmetic -------------------------------------------------------------------
     def output_shape(self, input_shape: Sequence[int], weight_shape: Sequence[int]) -> tuple[int, ...]:
-        """PyTorch's conv_output_size / conv_input_size for a batched input shape (N, C, *spatial)."""
+        """The shape aten::convolution returns for a batched input (N, C, *spatial).
+
+        conv_output_size / conv_input_size, with 'same''s extra padding, and calc_output_size's rule that an
+        input with zero channels gives an output with zero channels.
+        """
         n = input_shape[0]
         if self.transposed:
             channels = weight_shape[1] * self.groups
@@ -98,6 +158,8 @@ class ConvParams:
                 for i, s, p, e, d, k in zip(input_shape[2:], self.stride, self.padding, self.padding_extra,
                                             self.dilation, weight_shape[2:])
             )
+        if input_shape[1] == 0:
+            channels = 0
         return (n, channels, *spatial)
 
     def is_depthwise(self, input_shape: Sequence[int], weight_shape: Sequence[int]) -> bool:
@@ -119,3 +181,23 @@ class ConvParams:
         if self.groups != 1:
             parts.append(f"groups={self.groups}")
         return ", ".join(parts)
+
+
+def _same_checks(rank, dim, stride, dilation, groups, weight_shape, input_shape) -> tuple[list[int], list[int]]:
+    """convolution_same's checks before it pads (Convolution.cpp), in its order; returns stride and dilation."""
+    if weight_shape is None:
+        raise ConvError("padding='same' needs the weight shape")
+    if groups <= 0:
+        raise ConvError("non-positive groups is not supported")
+    k = len(weight_shape)
+    if input_shape is not None and len(input_shape) != k:
+        raise ConvError(f"Expected {k}-dimensional input for {k}-dimensional weight{_sizes(weight_shape)}, but got "
+                        f"{len(input_shape)}-dimensional input of size {_sizes(input_shape)} instead")
+    stride_l, dilation_l = _int_list(stride, "stride", rank), _int_list(dilation, "dilation", rank)
+    if len(stride_l) not in (dim, 1):
+        raise ConvError(f"stride cannot broadcast to {dim} dimensions")
+    if len(dilation_l) not in (dim, 1):
+        raise ConvError(f"dilation cannot broadcast to {dim} dimensions")
+    if any(s != 1 for s in stride_l):
+        raise ConvError("padding='same' is not supported for strided convolutions")
+    return stride_l, dilation_l
