@@ -1,0 +1,378 @@
+"""The hip backend: its rule and modes (pure), the shared bodies' wave64 paths on the CPU emulator, and on a GPU
+(AMD through hiprtc, NVIDIA through HIP-on-NVIDIA) its kernels against float64 PyTorch.
+
+The GPU tests run when pytest is given --backend hip (tox -e hip) and then FAIL if the backend is unavailable.
+"""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import pathlib
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import require_backend
+
+import portconv
+from portconv import backends
+from portconv.backends import BackendId, Problem, cuda, hip
+from portconv.backends._cupy import Tensors, inline_source
+from portconv.device import DeviceInfo
+from portconv.errors import Unsupported
+from portconv.params import ConvParams
+from portconv.plan import Plan, clear_cache
+from portconv.tensors import TensorSpec, dense_strides, spec_of
+
+TESTS = pathlib.Path(__file__).resolve().parent
+ROOT = TESTS.parent
+TOL = {torch.float64: 1e-10, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}  # relative L2 error
+
+# Device descriptions typed in from the vendors' published specifications (no AMD GPU is reachable here).
+MI250X = DeviceInfo(vendor="amd", kind="gpu", name="AMD Instinct MI250X/MI250", arch="gfx90a", runtime="hip",
+                    wavefront=64, compute_units=110, memory_bytes=64 * 2**30, local_mem_bytes=65536,
+                    max_work_group=1024, fp16=True, bf16=True, versions=(("hip", "7.0.51831"),), index="cuda:0")
+MI300X = dataclasses.replace(MI250X, name="AMD Instinct MI300X", arch="gfx942", compute_units=304,
+                             memory_bytes=192 * 2**30)
+RX7900 = dataclasses.replace(MI250X, name="AMD Radeon RX 7900 XTX", arch="gfx1100", wavefront=32, compute_units=48,
+                             memory_bytes=24 * 2**30)
+H100 = DeviceInfo(vendor="nvidia", kind="gpu", name="NVIDIA H100", arch="sm_90", runtime="cuda", wavefront=32,
+                  compute_units=132, fp16=True, bf16=True)
+
+
+def _spec(shape, dtype="float32", fmt="contiguous"):
+    return TensorSpec(tuple(shape), dense_strides(shape, fmt), dtype, "cuda", 0, "torch")
+
+
+def _problem(x_shape, w_shape, dtype="float32", fmt="contiguous", **kw) -> Problem:
+    p = ConvParams.make(len(x_shape) - 2, weight_shape=w_shape, **kw)
+    return Problem(p, _spec(x_shape, dtype, fmt), _spec(w_shape, dtype), True)
+
+
+# --- the rule and the modes (no GPU) -------------------------------------------------------------------------------
+@pytest.mark.parametrize("device,words", [
+    (MI250X, "hiprtc on gfx90a (wave64)"), (MI300X, "hiprtc on gfx942 (wave64)"),
+    (RX7900, "hiprtc on gfx1100 (wave32)"), (H100, "HIP-on-NVIDIA via the prelude (NVRTC on sm_90, wave32)"),
+])
+def test_reason_names_the_mode_and_the_algorithm_is_the_cuda_sets(device, words):
+    problems = [_problem((8, 144, 56, 56), (144, 1, 3, 3), padding=1, groups=144),
+                _problem((8, 64, 28, 28), (64, 64, 3, 3), "bfloat16", "channels_last", padding=1),
+                _problem((2, 32, 14, 14), (64, 8, 3, 3), "float64", groups=4, padding=1),
+                _problem((2, 16, 7, 7), (16, 8, 4, 4), "float16", stride=2, transposed=True)]
+    for pr in problems:
+        c, ref = hip.choose_hip(pr, device), cuda.choose_for(pr, device, "HIP")
+        assert c.reason.startswith(words + ": ") and c.reason.endswith(ref.reason), c.reason
+        assert (c.algorithm, c.memory_format, c.math) == (ref.algorithm, ref.memory_format, ref.math)
+
+
+def test_rule_rejects_other_vendors_and_dtypes():
+    with pytest.raises(Unsupported, match="AMD GPUs"):
+        hip.choose_hip(_problem((1, 2, 5, 5), (2, 2, 3, 3)), dataclasses.replace(H100, vendor="intel"))
+    with pytest.raises(Unsupported, match="not int32"):
+        hip.choose_hip(_problem((1, 2, 5, 5), (2, 2, 3, 3), "int32"), MI250X)
+
+
+@pytest.mark.parametrize("arch,wave", [("gfx90a", 64), ("gfx90a:sramecc+:xnack-", 64), ("gfx940", 64),
+                                       ("gfx942", 64), ("gfx950", 64), ("gfx908", 64), ("gfx1030", 32),
+                                       ("gfx1100", 32), ("gfx1201", 32), ("gfx9-generic", 64),
+                                       ("gfx10-3-generic", 32)])
+def test_wave_of_gfx_targets(arch, wave):
+    assert hip.wave_of(arch) == wave
+
+
+def test_compile_options_per_platform():
+    amd = hip.compile_options("amd", 64, 70051831)
+    assert "-DWAVE_SIZE=64" in amd and "-DPC_HIP_VERSION=70051831" in amd and "-O3" in amd
+    assert not any("NVIDIA" in o for o in amd)
+    nv = hip.compile_options("nvidia", 32)
+    assert "-DPC_HIP_ON_NVIDIA=1" in nv and "-DWAVE_SIZE=32" in nv
+    with pytest.raises(ValueError):
+        hip.compile_options("intel", 32)
+
+
+@pytest.mark.parametrize("platform", ["amd", "nvidia"])
+def test_kernel_set_compiles_the_hip_entries_over_the_cuda_bodies(platform):
+    BODY = {"direct": "conv_direct.cuh", "depthwise": "conv_depthwise.cuh", "implicit_gemm": "conv_igemm.cuh"}
+    ks = hip.HipKernelSet(platform)
+    for alg, entry in cuda.ENTRY.items():
+        text = ks.text(entry)
+        assert f'#line 1 "{hip.MODULES[alg]}"' in text and '#line 1 "prelude_hip.h"' in text
+        assert f'#line 1 "{BODY[alg]}"' in text
+        assert '"prelude.cuh"' not in text  # the CUDA prelude is never part of a HIP module
+        for name in hip.KERNELS[alg]:
+            assert f" {name}(" in text
+    assert ks.compiler == ("hiprtc" if platform == "amd" else "nvrtc") and ks.vendor == f"hip-{platform}"
+
+
+def test_build_check_covers_every_define_the_runtime_uses():
+    """scripts/hip_build.py compiles hip.DEFINE_SETS; the launch code (cuda._Run) must not use other defines."""
+
+    class _Stub(hip.HipBackend):
+        def tensors(self, like):
+            return _EmuTensors()
+
+    for dtype in ("float32", "float64", "float16", "bfloat16"):
+        pr = _problem((2, 8, 9, 9), (8, 8, 3, 3), dtype, padding=1)
+        plan = Plan(pr, BackendId.HIP, "direct", "contiguous", "", MI250X)
+        defines = cuda._Run(_Stub(), plan, None).defines
+        assert defines in [dict(d) for d in hip.DEFINE_SETS], defines
+
+
+def test_probe_names_the_pip_extras_without_cupy():
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        a = hip.HipBackend().probe()
+        assert not a and "portconv[rocm]" in a.reason and "portconv[cuda12]" in a.reason
+    else:
+        pytest.skip("CuPy is installed here")
+
+
+# --- wave64 on the CPU: the shared bodies under tests/cuda_emu with 64-lane warps ------------------------------------
+class _EmuKernels:
+    """The cuda bodies built with g++ against the CPU emulator prelude, with PC_WARP_SIZE forced."""
+
+    def __init__(self, tmp: pathlib.Path, warp: int):
+        self.tmp, self.warp, self.libs = tmp, warp, {}
+
+    def function(self, entry, defines, device, name):
+        key = (entry, tuple(sorted(defines.items())))
+        if key not in self.libs:
+            emu = TESTS / "cuda_emu"
+            src = inline_source(entry, [emu, ROOT / "cuda"]) + "\n" + inline_source("launch.cuh", [emu])
+            stem = f"{pathlib.Path(entry).stem}-{'-'.join(f'{k}{v}' for k, v in key[1])}-w{self.warp}"
+            (self.tmp / f"{stem}.cpp").write_text(src)
+            so = self.tmp / f"{stem}.so"
+            cmd = ["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-w", f"-DPC_WARP_SIZE={self.warp}",
+                   *(f"-D{k}={v}" for k, v in defines.items()), str(self.tmp / f"{stem}.cpp"), "-o", str(so)]
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            assert r.returncode == 0, r.stderr[-4000:]
+            self.libs[key] = ctypes.CDLL(str(so))
+        lib = self.libs[key]
+        return lib, ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+
+
+class _EmuTensors:
+    device = 0
+    ptr = staticmethod(Tensors.ptr)
+
+    def empty(self, shape, strides, dtype, poison=False):
+        t = torch.empty_strided(tuple(shape), tuple(strides), dtype=getattr(torch, dtype))
+        return t.fill_(float("nan")) if poison else t
+
+    def workspace(self, count, double):
+        return torch.full((count,), float("nan"), dtype=torch.float64 if double else torch.float32)
+
+    def launch(self, fn, grid, block, args):
+        assert block % 64 == 0, "wave64 needs blocks of whole waves"
+        lib, ptr = fn
+        rc = lib.pc_emu_launch(ctypes.c_void_p(ptr), *[ctypes.c_uint(g) for g in grid], ctypes.c_uint(block),
+                               ctypes.c_void_p(args.ctypes.data))
+        assert rc == 0, "the emulated kernel deadlocked at a barrier"
+
+
+class _Wave64Backend(hip.HipBackend):
+    def __init__(self, tmp):
+        super().__init__(wave=64)
+        self._kernels = _EmuKernels(tmp, 64)
+
+    def tensors(self, like):
+        return _EmuTensors()
+
+
+@pytest.fixture(scope="module")
+def wave64():
+    if shutil.which("g++") is None:
+        pytest.skip("g++ not found: the CPU emulation of the bodies needs a C++20 compiler")
+    emu = (TESTS / "cuda_emu" / "prelude.cuh").read_text()
+    assert "#ifndef PC_WARP_SIZE" in emu, "the emulator must take PC_WARP_SIZE from the command line"
+    with tempfile.TemporaryDirectory() as tmp:
+        yield _Wave64Backend(pathlib.Path(tmp))
+
+
+WAVE64_CASES = [  # reductions (grad_weight, grad_bias) over 64-lane waves, split and unsplit
+    ((2, 4, 9, 9), (6, 4, 3, 3), dict(padding=1)),
+    ((2, 6, 11, 11), (12, 1, 3, 3), dict(padding=1, stride=2, groups=6)),
+    ((3, 2, 800), (3, 2, 1), dict()),  # a long 1x1 row: the bias gradient splits over the two emulated units
+]
+
+
+@pytest.mark.parametrize("case", range(len(WAVE64_CASES)))
+def test_bodies_with_wave64_reductions_match_float64_on_the_cpu(wave64, case, monkeypatch):
+    """The bodies compiled with PC_WARP_SIZE 64 (the AMD CDNA value) run every algorithm, all four tensors,
+    against aten in float64: the 6-step shuffle folds and 4-wave block sums of wave64 are exercised."""
+    monkeypatch.setenv("PORTCONV_POISON", "1")
+    xs, ws, kw = WAVE64_CASES[case]
+    g = torch.Generator().manual_seed(case)
+    x, w = torch.randn(xs, generator=g, dtype=torch.float64), torch.randn(ws, generator=g, dtype=torch.float64)
+    b = torch.randn(ws[0], generator=g, dtype=torch.float64)
+    p = ConvParams.make(len(xs) - 2, weight_shape=ws, **kw)
+    problem = Problem(p, spec_of(x), spec_of(w), True)
+    dev = dataclasses.replace(MI250X, compute_units=2)
+    go = torch.randn(problem.output_shape, generator=g, dtype=torch.float64)
+    ref = _reference(x, w, b, p, go)
+    choice = wave64.choose(problem, dev)
+    for alg in ["direct", "implicit_gemm"] + (["depthwise"] if problem.is_depthwise else []):
+        plan = Plan(problem, BackendId.HIP, alg, choice.memory_format, choice.reason, dev)
+        got = (wave64.forward(plan, x, w, b), *wave64.backward(plan, go, x, w, (True, True, True)))
+        for name, g_, r_ in zip(("output", "grad_input", "grad_weight", "grad_bias"), got, ref):
+            _assert_close(g_, r_, torch.float64, f"wave64 {alg} {name}")
+
+
+# --- on the GPU ----------------------------------------------------------------------------------------------------
+@pytest.fixture
+def gpu(requested_backends, monkeypatch):
+    if "hip" not in requested_backends:
+        pytest.skip("the hip backend was not requested (pytest --backend hip)")
+    require_backend("hip")
+    monkeypatch.setenv("PORTCONV_POISON", "1")
+    clear_cache()
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def _on_amd() -> bool:
+    return bool(getattr(torch.version, "hip", None))
+
+
+def _reference(x, w, b, p: ConvParams, go):
+    x64, w64, b64, go64 = (None if t is None else t.detach().double().cpu() for t in (x, w, b, go))
+    xp = F.pad(x64, [v for e in reversed(p.padding_extra) for v in (0, e)]) if any(p.padding_extra) else x64
+    y = torch.ops.aten.convolution(xp, w64, b64, **p.as_aten())
+    gi, gw, gb = torch.ops.aten.convolution_backward(go64, xp, w64, [y.shape[1]], **p.as_aten(),
+                                                     output_mask=[True, True, b is not None])
+    if any(p.padding_extra):
+        gi = gi[(slice(None), slice(None)) + tuple(slice(0, s) for s in x.shape[2:])]
+    return y, gi, gw, gb
+
+
+def _assert_close(got, ref, dtype, what):
+    assert got is not None, f"{what}: missing"
+    got = torch.as_tensor(got).double().cpu()
+    assert tuple(got.shape) == tuple(ref.shape), f"{what}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
+    assert torch.isfinite(got).all(), f"{what}: non-finite (unwritten) elements"
+    err = ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    assert err < TOL[dtype], f"{what}: relative error {err:.3g}"
+
+
+GPU_CASES = [  # (input, weight, conv kwargs, layout)
+    ((4, 16, 20, 20), (32, 16, 3, 3), dict(padding=1), "contig"),
+    ((2, 24, 17, 15), (24, 1, 3, 3), dict(padding=1, stride=2, groups=24), "chlast"),
+    ((2, 8, 33), (16, 4, 4), dict(padding="same", dilation=2, groups=2), "strided"),
+    ((1, 4, 6, 7, 8), (6, 4, 3, 3, 3), dict(padding=1, stride=(1, 2, 2)), "chlast"),
+    ((2, 12, 9, 9), (12, 8, 4, 4), dict(stride=2, padding=1, output_padding=1, transposed=True), "contig"),
+    ((3, 8, 40, 40), (16, 1, 5, 5), dict(padding=2, groups=8), "contig"),
+    ((4, 3, 5000), (4, 3, 1), dict(), "contig"),  # long reductions: split partial sums
+]
+
+
+def _make(xs, ws, kw, layout, dtype, dev):
+    g = torch.Generator(device=dev).manual_seed(sum(xs) * 37 + sum(ws))
+    x = torch.randn(xs, generator=g, device=dev)
+    if layout == "chlast" and len(xs) in (4, 5):
+        x = x.contiguous(memory_format=torch.channels_last if len(xs) == 4 else torch.channels_last_3d)
+    if layout == "strided":
+        x = torch.randn(xs[:-1] + (2 * xs[-1],), generator=g, device=dev)[..., 1::2]
+    w = torch.randn(ws, generator=g, device=dev) / (ws[1] * max(ws[2], 1)) ** 0.5
+    p = ConvParams.make(len(xs) - 2, weight_shape=ws, **kw)
+    b = torch.randn((ws[1] * p.groups) if p.transposed else ws[0], generator=g, device=dev)
+    return x.to(dtype), w.to(dtype), b.to(dtype), p
+
+
+def _check_all_algorithms(be, dev, case, dtype):
+    xs, ws, kw, layout = GPU_CASES[case]
+    x, w, b, p = _make(xs, ws, kw, layout, dtype, dev)
+    x_before = x.clone()
+    problem = Problem(p, spec_of(x), spec_of(w), True)
+    device = be.device_for(problem)
+    choice = be.choose(problem, device)
+    go = torch.randn(problem.output_shape, device=dev).to(dtype)
+    ref = _reference(x, w, b, p, go)
+    for alg in ["direct", "implicit_gemm"] + (["depthwise"] if problem.is_depthwise else []):
+        plan = Plan(problem, BackendId.HIP, alg, choice.memory_format, choice.reason, device)
+        y = be.forward(plan, x, w, b)
+        grads = be.backward(plan, go, x, w, (True, True, True))
+        for name, got, r in zip(("output", "grad_input", "grad_weight", "grad_bias"), (y, *grads), ref):
+            _assert_close(got, r, dtype, f"{alg} {name}")
+            assert got.device == dev and got.dtype == dtype
+    assert torch.equal(x, x_before), "the caller's input was modified"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", range(len(GPU_CASES)))
+def test_every_algorithm_matches_float64(gpu, case, dtype):
+    _check_all_algorithms(hip.HipBackend(), gpu, case, dtype)
+
+
+@pytest.mark.parametrize("case", [0, 1, 5, 6])
+def test_other_wave_size_matches_float64(gpu, case):
+    """Wave-size-generic paths on real hardware: on NVIDIA the bodies compiled with WAVE_SIZE 16 (16-lane
+    shuffles inside each warp, 16 partial sums per block); on AMD with the device's own wavefront, checked."""
+    be = hip.HipBackend(wave=None if _on_amd() else 16)
+    _check_all_algorithms(be, gpu, case, torch.float32)
+    arch, opts, _ = be.kernels().arch_options(gpu.index)
+    want = hip.wave_of(arch) if _on_amd() else 16
+    assert f"-DWAVE_SIZE={want}" in opts, opts
+
+
+def test_plan_names_the_mode_and_the_hip_set_ran(gpu, tmp_path, monkeypatch):
+    from torch.profiler import ProfilerActivity, profile
+
+    monkeypatch.setenv("PORTCONV_CACHE_DIR", str(tmp_path))
+    monkeypatch.setitem(backends._INSTANCES, BackendId.HIP, hip.HipBackend())  # no modules in memory yet
+    clear_cache()
+    x, w, b, _ = _make((2, 16, 24, 24), (16, 1, 3, 3), dict(padding=1, groups=16), "contig", torch.float32, gpu)
+    plan = portconv.plan(x, w, b, padding=1, groups=16, backend="hip")
+    assert plan.backend == BackendId.HIP
+    words = "hiprtc on gfx" if _on_amd() else "HIP-on-NVIDIA via the prelude"
+    assert words in plan.reason, plan.explain()
+    x.requires_grad_(True)
+    portconv.conv2d(x, w, b, padding=1, groups=16, backend="hip").sum().backward()  # compile outside the profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        portconv.conv2d(x, w, b, padding=1, groups=16, backend="hip").sum().backward()
+        torch.cuda.synchronize(gpu)
+    names = {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+    assert {"portconv_depthwise_fwd", "portconv_depthwise_bwd_data"} <= names, sorted(names)
+    platform = "amd" if _on_amd() else "nvidia"
+    assert list((tmp_path / f"hip-{platform}").glob("*.bin")), "no hip/ module was compiled into the cache"
+    assert not (tmp_path / "cuda").exists(), "the cuda/ kernel set ran instead of hip/"
+
+
+def test_public_api_autograd_and_output_mask(gpu):
+    x, w, b, p = _make((2, 8, 12, 12), (16, 8, 3, 3), dict(padding=1), "contig", torch.float32, gpu)
+    x.requires_grad_(True)
+    y = portconv.conv2d(x, w, b, padding=1, backend="hip")
+    y.sum().backward()
+    ref = _reference(x, w, b, p, torch.ones_like(y))
+    _assert_close(y.detach(), ref[0], torch.float32, "output")
+    _assert_close(x.grad, ref[1], torch.float32, "grad_input")
+    gi, gw, gb = portconv.convolution_backward(torch.ones_like(y), x.detach(), w, [16], [1, 1], [1, 1], [1, 1],
+                                               False, [0, 0], 1, output_mask=(False, True, False), backend="hip")
+    assert gi is None and gb is None
+    _assert_close(gw, ref[2], torch.float32, "grad_weight")
+
+
+def test_cupy_arrays_in_and_out(gpu):
+    cupy = pytest.importorskip("cupy")
+    x, w, b, p = _make((2, 6, 11, 11), (12, 6, 3, 3), dict(padding=1, stride=2), "contig", torch.float32, gpu)
+    xc, wc, bc = (cupy.asarray(t.cpu().numpy()) for t in (x, w, b))
+    y = portconv.conv2d(xc, wc, bc, padding=1, stride=2, backend="hip")
+    assert isinstance(y, cupy.ndarray) and y.device.id == gpu.index
+    _assert_close(torch.from_numpy(cupy.asnumpy(y)), _reference(x, w, b, p, torch.zeros(1, 12, 6, 6))[0],
+                  torch.float32, "cupy output")
+
+
+def test_current_stream(gpu):
+    """Work is queued on torch's current stream: a copy queued behind a long sleep on a side stream is seen."""
+    x, w, b, p = _make((4, 16, 64, 64), (16, 16, 3, 3), dict(padding=1), "contig", torch.float32, gpu)
+    new = torch.randn_like(x)
+    side = torch.cuda.Stream(gpu)
+    torch.cuda.synchronize(gpu)
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)
+        x.copy_(new)
+        y = portconv.conv2d(x, w, b, padding=1, backend="hip")
+    side.synchronize()
+    _assert_close(y, _reference(new, w, b, p, torch.zeros(y.shape))[0], torch.float32, "output on the side stream")
