@@ -8,6 +8,8 @@ def pytest_addoption(parser):
     parser.addoption("--backend", action="append", default=[],
                      help="backend the conformance/vendor tests must run on (repeatable); an unavailable one fails")
     parser.addoption("--full-grid", action="store_true", help="run the whole conformance grid, not the CI subset")
+    parser.addoption("--dtype", action="append", default=[],
+                     help="dtype(s) of the conformance run (repeatable; default float32 and float64)")
 
 
 @pytest.fixture(scope="session")
