@@ -1,0 +1,442 @@
+"""The `portconv` command line: devices, conv (one problem, MIOpenDriver's flags), explain, conform."""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import statistics
+import sys
+import time
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
+DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "fp64": "float64", "double": "float64", "fp16": "float16",
+                 "half": "float16", "bf16": "bfloat16", "bfp16": "bfloat16"}
+LAYOUT_ALIASES = {"nchw": "contig", "ncw": "contig", "ncdhw": "contig", "contiguous": "contig", "contig": "contig",
+                  "nhwc": "chlast", "nwc": "chlast", "ndhwc": "chlast", "channels_last": "chlast",
+                  "channels_last_3d": "chlast", "chlast": "chlast", "strided": "strided"}
+DIRECTIONS = {"fwd": 1, "bwd-data": 2, "bwd": 2, "bwd-weight": 4, "wrw": 4, "all": 7}  # -F: MIOpenDriver's bits
+
+
+def _dtype(s: str) -> str:
+    from .conformance.reference import DTYPES
+
+    name = DTYPE_ALIASES.get(s.lower(), s.lower())
+    if name not in DTYPES:
+        raise argparse.ArgumentTypeError(f"unknown dtype {s!r} (float32, float64, float16, bfloat16)")
+    return name
+
+
+def _layout(s: str) -> str:
+    try:
+        return LAYOUT_ALIASES[s.lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"unknown layout {s!r} (NCHW, NHWC, strided)") from None
+
+
+def _directions(s: str) -> int:
+    """-F as MIOpenDriver has it (0 all, 1 fwd, 2 bwd-data, 4 bwd-weight, sums) or names joined by ','."""
+    if s.isdigit():
+        v = int(s)
+        if not 0 <= v <= 7:
+            raise argparse.ArgumentTypeError("-F takes 0..7 (1 fwd, 2 bwd-data, 4 bwd-weight, 0 all)")
+        return v or 7
+    try:
+        return sum({DIRECTIONS[p.strip().lower()] for p in s.split(",")})
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"unknown direction in {s!r} (fwd, bwd-data, bwd-weight, all)") from None
+
+
+def _mask(s: str) -> tuple[bool, bool, bool]:
+    if len(s) != 3 or set(s) - {"0", "1"} or s == "000":
+        raise argparse.ArgumentTypeError("--mask takes three bits (grad_input, grad_weight, grad_bias), e.g. 110")
+    return tuple(c == "1" for c in s)  # type: ignore[return-value]
+
+
+# --- the problem flags (shared by conv and explain; `portconv bench` of issue 5 will reuse them) ---------
+def add_problem_flags(p: argparse.ArgumentParser) -> None:
+    from .conformance.cases import FLAGS
+
+    g = p.add_argument_group("problem (MIOpenDriver's flags; 1-D problems use the W flags)")
+    g.add_argument("-_", "--spatial_dim", dest="spatial_dim", type=int, default=2, choices=(1, 2, 3))
+    g.add_argument("-n", "--batchsize", dest="n", type=int, default=4, help="batch size (default 4)")
+    g.add_argument("-c", "--in_channels", dest="c", type=int, default=3)
+    g.add_argument("-k", "--out_channels", dest="k", type=int, default=32)
+    defaults = {"spatial": 32, "kernel": 3, "padding": 0, "stride": 1, "dilation": 1, "output_padding": 0}
+    for field, dims in FLAGS.items():
+        for dim, (long, short) in dims.items():
+            g.add_argument(short, long, dest=f"{field}_{dim}", type=int, default=defaults[field],
+                           metavar="N", help=f"{field.replace('_', ' ')} {dim.upper()} (default {defaults[field]})")
+    g.add_argument("-z", "--pad_mode", default="default", choices=("default", "same", "valid"))
+    g.add_argument("-g", "--group_count", dest="groups", type=int, default=1)
+    g.add_argument("-m", "--mode", default="conv", choices=("conv", "trans"), help="conv or trans (transposed)")
+    g.add_argument("-b", "--bias", type=int, default=0, choices=(0, 1))
+    g.add_argument("--dtype", type=_dtype, default="float32", help="float32 (default), float64, float16, bfloat16")
+    g.add_argument("-I", "--layout", "--in_layout", dest="layout", type=_layout, default="contig",
+                   help="NCHW (default), NHWC (channels-last, any rank) or strided (a non-contiguous view)")
+    p.add_argument("--backend", default=None, help="force a backend (default: portconv's automatic plan)")
+    p.add_argument("--device", default=None, help="torch device of the tensors (default: what the backend takes)")
+
+
+def case_from_args(a, mask=(True, True, True)):
+    from .conformance.cases import DIMS, Case
+
+    dims = DIMS[a.spatial_dim]
+
+    def vec(field):
+        return tuple(getattr(a, f"{field}_{d}") for d in dims)
+
+    pad = a.pad_mode if a.pad_mode != "default" else vec("padding")
+    case = Case(rank=a.spatial_dim, n=a.n, c=a.c, k=a.k, spatial=vec("spatial"), kernel=vec("kernel"),
+                stride=vec("stride"), padding=pad, dilation=vec("dilation"), groups=a.groups,
+                transposed=a.mode == "trans", output_padding=vec("output_padding") if a.mode == "trans" else (),
+                bias=bool(a.bias), mask=mask, layout=a.layout, family="cli")
+    return case
+
+
+def _device(a):
+    import torch
+
+    from .conformance.runner import default_device
+
+    try:
+        return torch.device(a.device) if a.device else default_device(a.backend)
+    except (ValueError, RuntimeError) as e:  # an unknown backend or device name
+        print(f"portconv: {e}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
+
+
+def _plan_or_exit(case, inputs, backend):
+    from .conformance.runner import plan_for
+    from .errors import BackendUnavailable, ConvError, Unsupported
+
+    try:
+        return plan_for(case, inputs, backend)
+    except (BackendUnavailable, Unsupported, ConvError, ValueError) as e:
+        print(f"portconv: {e}", file=sys.stderr)
+        raise SystemExit(EXIT_UNAVAILABLE if not isinstance(e, (ConvError, ValueError)) else EXIT_USAGE) from None
+
+
+def _indent(text: str, pad: str = "  ") -> str:
+    return "\n".join(pad + line for line in text.splitlines())
+
+
+# --- portconv devices --------------------------------------------------------------------------------------------
+def cmd_devices(a) -> int:
+    import os
+
+    from . import backends
+    from .knobs import KNOBS
+
+    rows = []
+    for bid in backends.all_ids():
+        impl = backends.get(bid)
+        try:
+            avail = impl.probe()
+            ok, why = avail.ok, avail.reason
+        except Exception as e:  # noqa: BLE001 - a probe must not raise; if it does, that is what we show
+            ok, why = False, f"probe raised {type(e).__name__}: {e}"
+        devs, dev_err = [], ""
+        if ok:
+            try:
+                devs = [d.as_dict() for d in impl.devices()]
+            except Exception as e:  # noqa: BLE001 - shown in the listing
+                dev_err = f"devices() raised {type(e).__name__}: {e}"
+        rows.append({"backend": str(bid), "available": ok, "reason": why, "devices": devs, "error": dev_err})
+    knobs = {k: os.environ.get(k) for k in KNOBS}
+    vers = {}
+    for dist in ("torch", "numpy", "pyopencl", "pocl-binary-distribution", "cupy-cuda12x", "cupy-cuda13x",
+                 "cupy-rocm-7-0"):
+        try:
+            vers[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    if a.json:
+        print(json.dumps({"backends": rows, "knobs": knobs, "installed": vers}, indent=1))
+        return EXIT_OK
+    print("backends:")
+    for r in rows:
+        print(f"  {r['backend']:<8} {'available' if r['available'] else 'unavailable':<12} {r['reason']}")
+        for i, d in enumerate(r["devices"]):
+            v = ", ".join(f"{k} {x}" for k, x in d["versions"].items())
+            print(f"      [{i}] {d['name']} [{d['vendor']} {d['kind']} {d['arch']}] {d['index']} "
+                  f"fp64={'yes' if d['fp64'] else 'no'} fp16={'yes' if d['fp16'] else 'no'} ({v})")
+        if r["error"]:
+            print(f"      {r['error']}")
+    print("knobs:")
+    for k, help_ in KNOBS.items():
+        print(f"  {k:<24} {knobs[k] if knobs[k] is not None else '(unset)':<10} {help_}")
+    print("installed: " + ", ".join(f"{k} {v}" for k, v in vers.items()))
+    return EXIT_OK
+
+
+# --- portconv conv ----------------------------------------------------------------------------------------------
+def _timed(fn, sync) -> tuple[object, float]:
+    """(result, milliseconds) of one call, wall clock, with a device sync."""
+    t0 = time.perf_counter()
+    out = fn()
+    sync()
+    return out, (time.perf_counter() - t0) * 1e3
+
+
+def _tensor_expr(shape, layout: str, dtype: str) -> str:
+    """Python that makes a random tensor of ``shape`` in one of the conformance layouts."""
+    def randn(dims):
+        return f"torch.randn({', '.join(map(str, dims))}, dtype=torch.{dtype})"
+
+    if layout == "chlast" and len(shape) in (4, 5):
+        return f"{randn(shape)}.to(memory_format=torch.{'channels_last' if len(shape) == 4 else 'channels_last_3d'})"
+    if layout == "chlast" and len(shape) == 3:
+        return f"{randn((shape[0], shape[2], shape[1]))}.transpose(1, 2)"
+    if layout == "strided" and len(shape) >= 3:
+        return f"{randn((shape[1], shape[0], *shape[2:-1], 2 * shape[-1] + 1))}.transpose(0, 1)[..., 1::2]"
+    if layout == "strided":
+        return f"{randn((2 * shape[0] + 1,))}[1::2]"
+    return randn(shape)
+
+
+def _python_snippet(case, dtype: str, backend: str | None) -> str:
+    a = case.conv_args()
+    bk = f", backend={backend!r}" if backend else ""
+    lines = ["import torch, portconv", "torch.manual_seed(0)",
+             f"x = {_tensor_expr(case.input_shape, case.layout, dtype)}",
+             f"w = {_tensor_expr(case.weight_shape, case.layout, dtype)}",
+             f"b = {_tensor_expr((case.k,), case.layout, dtype)}" if case.bias else "b = None"]
+    lines.append(f"y = portconv.convolution(x, w, b, stride={a['stride']}, padding={a['padding']!r}, "
+                 f"dilation={a['dilation']}, transposed={a['transposed']}, output_padding={a['output_padding']}, "
+                 f"groups={a['groups']}{bk})")
+    lines.append(f"gi, gw, gb = portconv.convolution_backward(torch.randn_like(y), x, w, [{case.k}], {a['stride']}, "
+                 f"{a['padding']!r}, {a['dilation']}, {a['transposed']}, {a['output_padding']}, {a['groups']}, "
+                 f"{tuple(case.mask)}{bk})")
+    return "\n".join(lines)
+
+
+def cmd_conv(a) -> int:
+    import torch
+
+    from . import functional
+    from .conformance.reference import make_inputs, output_shape, reference
+    from .conformance.tolerance import check
+
+    dirs = 7 if a.mask else a.forw
+    steps = [("forward", None)] if dirs & 1 or a.mask else []
+    if a.mask:
+        steps.append(("backward", a.mask))
+    else:
+        if dirs & 2:
+            steps.append(("bwd-data", (True, False, False)))
+        if dirs & 4:
+            steps.append(("bwd-weight", (False, True, bool(a.bias))))
+    union = tuple(any(m[i] for _, m in steps if m) for i in range(3))
+    case = case_from_args(a, union if any(union) else (True, False, False))
+    if not case.valid():
+        print(f"portconv: invalid problem: {'; '.join(case.problems())}", file=sys.stderr)
+        return EXIT_USAGE
+    device = _device(a)
+    inputs = make_inputs(case, a.dtype, device, output_shape(case))
+    plan = _plan_or_exit(case, inputs, a.backend)
+    print(f"problem: {case.describe()}\nplan:\n{_indent(plan.explain())}")
+    ref = reference(case, inputs) if a.verify else None
+    lengths = case.reduction_lengths()
+    args = case.conv_args()
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    status = EXIT_OK
+    print(f"\n{'step':<12}{'tensor':<13}{'verify':<8}{'max |err|':>11}{'err/tol':>10}"
+          + (f"{'first ms':>11}{f'median ms of {a.iter}':>18}" if a.time else ""))
+    for step, mask in steps:
+        if mask is None:
+            def call():
+                return functional.convolution(inputs.input, inputs.weight, inputs.bias, **args, backend=a.backend)
+        else:
+            def call(mask=mask):
+                return functional.convolution_backward(
+                    inputs.grad_output, inputs.input, inputs.weight, [case.k], args["stride"], args["padding"],
+                    args["dilation"], args["transposed"], args["output_padding"], args["groups"], mask,
+                    backend=a.backend)
+        out, first = _timed(call, sync)  # the first call includes compiling and fetching kernels
+        median = statistics.median(_timed(call, sync)[1] for _ in range(max(a.iter, 1))) if a.time else 0.0
+        names = ["forward"] if mask is None else [n for n, m in zip(("grad_input", "grad_weight", "grad_bias"),
+                                                                     mask) if m]
+        outs = [out] if mask is None else [o for o, m in zip(out, mask) if m]
+        for i, (name, o) in enumerate(zip(names, outs)):
+            verdict, err, ratio = "-", "", ""
+            if ref is not None:
+                r = check(name, o, ref.value[name], ref.absolute[name], lengths[name], a.dtype, plan.math, device,
+                          ref.partial.get(name))
+                verdict, err, ratio = r.status.upper(), f"{r.max_abs:.3g}", f"{r.max_ratio:.3g}"
+                if r.failed:
+                    status = EXIT_FAIL
+                    print(f"  {r.message}")
+            times = (f"{first:>11.3f}{median:>18.3f}" if a.time and i == 0 else "")
+            print(f"{step if i == 0 else '':<12}{name:<13}{verdict:<8}{err:>11}{ratio:>10}{times}")
+    backend = a.backend or str(plan.backend)
+    flags = case.cli_args(mask=bool(a.mask)) + ([] if a.mask or a.forw == 7 else ["-F", str(a.forw)])
+    print(f"\nreproduce:\n  portconv conv {' '.join(flags)} --backend {backend} --dtype {a.dtype} --verify"
+          f"\n\n{_indent(_python_snippet(case, a.dtype, backend))}")
+    return status
+
+
+# --- portconv explain ------------------------------------------------------------------------------------------
+def _aten_model(problem, device) -> str:
+    """The ATen model's answer (portconv.rules), imported here so explain works before and after it lands."""
+    try:
+        from . import rules
+    except ImportError as e:
+        return f"(the ATen model portconv.rules is not available: {e})"
+    try:
+        ctx = rules.TorchContext.from_torch(device)
+        backend, fmt = rules.aten_answer(problem, ctx)
+    except Exception as e:  # noqa: BLE001 - shown to the user as the model's failure
+        return f"(portconv.rules failed: {type(e).__name__}: {e})"
+    return f"{backend}, memory format {fmt}"
+
+
+def _torch_says(problem, inputs) -> str:
+    import torch
+
+    p = problem.params
+    if any(p.padding_extra):
+        return "(padding='same' with an even kernel: ATen pads the input first)"
+    try:
+        b = torch._C._select_conv_backend(inputs.input, inputs.weight, inputs.bias, list(p.stride), list(p.padding),
+                                          list(p.dilation), p.transposed, list(p.output_padding), p.groups, None)
+        f = torch._C._conv_determine_backend_memory_format(inputs.input, inputs.weight, b)
+    except (RuntimeError, TypeError, AttributeError) as e:
+        return f"(torch cannot say: {e})"
+    return f"{str(b).split('.')[-1]}, memory format {str(f).replace('torch.', '')}"
+
+
+def cmd_explain(a) -> int:
+    from .conformance.reference import make_inputs, output_shape
+
+    rows = [(None, case_from_args(a), a.dtype)] if not a.suite else _suite_cases(a.suite, a.row)
+    device = _device(a)
+    for name, case, dtype in rows:
+        inputs = make_inputs(case, dtype, device, output_shape(case), fill=False)
+        plan = _plan_or_exit(case, inputs, a.backend)
+        if name:
+            print(f"== {name}")
+        print(f"portconv plan:\n{_indent(plan.explain())}")
+        print(f"ATen model (portconv.rules): {_aten_model(plan.problem, device)}")
+        print(f"torch on this machine:       {_torch_says(plan.problem, inputs)}\n")
+    return EXIT_OK
+
+
+def _suite_cases(path: str, row: str | None):
+    """(name, case, dtype) for the rows of a bench suite file (../shared/bench/suite.json's format)."""
+    from .conformance.cases import Case
+
+    with open(path) as f:
+        rows = json.load(f)["rows"]
+    out = []
+    for r in rows:
+        if row and row not in r["name"]:
+            continue
+        c = Case(rank=len(r["spatial"]), n=r["n"], c=r["c"], k=r["k"], spatial=tuple(r["spatial"]),
+                 kernel=tuple(r["kernel"]), stride=tuple(r["stride"]), padding=tuple(r["padding"]),
+                 dilation=tuple(r["dilation"]), groups=r["groups"], transposed=r["transposed"],
+                 output_padding=tuple(r["output_padding"]), bias=False,
+                 layout="chlast" if "channels_last" in r["layout"] else "contig", name=r["name"], family="suite")
+        out.append((r["name"], c, r["dtype"]))
+    return out
+
+
+# --- portconv conform ------------------------------------------------------------------------------------------
+def cmd_conform(a) -> int:
+    from .conformance import cases as _cases
+    from .conformance.runner import run
+    from .errors import BackendUnavailable
+
+    selected = _cases.select(full=not a.subset, filters=a.filter or ())
+    if a.list:
+        for c in selected:
+            print(f"{c.id:<70} {c.describe()}")
+        return EXIT_OK
+    if not selected:
+        print(f"portconv: no case matches {a.filter}", file=sys.stderr)
+        return EXIT_USAGE
+    dtypes = [d for arg in (a.dtype or ["float32,float64"]) for d in arg.split(",")]
+    dtypes = [_dtype(d) for d in dtypes]
+    status = EXIT_OK
+    backends = a.backend or ["opencl"]
+    for bk in backends:
+        path = a.json if len(backends) == 1 or not a.json else a.json.replace(".json", f".{bk}.json")
+        try:
+            report = run(bk, dtypes=dtypes, cases=selected, progress=not a.quiet, json_path=path, device=a.device,
+                         gradcheck=not a.no_gradcheck)
+        except ValueError as e:  # an unknown backend name
+            print(f"portconv conform: {e}", file=sys.stderr)
+            status = max(status, EXIT_USAGE)
+            continue
+        except BackendUnavailable as e:
+            print(f"portconv conform: {e}", file=sys.stderr)
+            status = max(status, EXIT_UNAVAILABLE)
+            continue
+        print(report.table())
+        if path:
+            print(f"JSON report: {path}")
+        if not report.ok or (a.strict and report.unsupported()):
+            status = max(status, EXIT_FAIL)
+    return status
+
+
+# --- the parser ---------------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="portconv", description="One convolution API across CUDA, HIP and OpenCL, "
+                                "held to PyTorch's numbers.",
+                                epilog="exit codes: 0 ok, 1 verification/conformance failure, 2 usage, "
+                                       "3 backend unavailable or cannot run the problem")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    d = sub.add_parser("devices", help="every backend, available or not and why; devices; knobs")
+    d.add_argument("--json", action="store_true", help="print JSON")
+    d.set_defaults(func=cmd_devices)
+
+    c = sub.add_parser("conv", help="run one problem (MIOpenDriver-style flags): plan, verify, time, reproducer")
+    add_problem_flags(c)
+    c.add_argument("-F", "--forw", type=_directions, default=7,
+                   help="0 all (default), 1 fwd, 2 bwd-data, 4 bwd-weight, or sums; or names: fwd,bwd-data,...")
+    c.add_argument("--mask", type=_mask, default=None, help="one backward with this output_mask (e.g. 101)")
+    c.add_argument("-V", "--verify", type=int, nargs="?", const=1, default=0, choices=(0, 1),
+                   help="verify against PyTorch in float64 with the conformance tolerance")
+    c.add_argument("-t", "--time", type=int, nargs="?", const=1, default=0, choices=(0, 1),
+                   help="time each step: median of --iter runs, wall clock with device sync")
+    c.add_argument("-i", "--iter", type=int, default=10, help="timed iterations (default 10)")
+    c.set_defaults(func=cmd_conv)
+
+    e = sub.add_parser("explain", help="portconv's plan and the ATen model's answer for one problem")
+    add_problem_flags(e)
+    e.add_argument("--suite", default=None, help="explain every row of a bench suite JSON file instead")
+    e.add_argument("--row", default=None, help="with --suite: only rows whose name contains this")
+    e.set_defaults(func=cmd_explain)
+
+    f = sub.add_parser("conform", help="the conformance suite against PyTorch float64 (exit 1 on any failure)")
+    f.add_argument("--backend", action="append", help="backend(s) to check (repeatable; default opencl)")
+    f.add_argument("--dtype", action="append", help="dtype(s), repeatable or comma-separated (default float32,float64)")
+    f.add_argument("--json", default=None, metavar="FILE", help="write the JSON report (every case and error) here")
+    g = f.add_mutually_exclusive_group()
+    g.add_argument("--full", action="store_true", help="the whole grid plus curated cases (default)")
+    g.add_argument("--subset", action="store_true", help="the CI subset: every third grid case plus curated")
+    f.add_argument("--filter", action="append", metavar="SUBSTR", help="only cases whose id contains SUBSTR")
+    f.add_argument("--no-gradcheck", action="store_true", help="skip the float64 gradcheck subset")
+    f.add_argument("--device", default=None, help="torch device of the tensors (default: what the backend takes)")
+    f.add_argument("--strict", action="store_true", help="unsupported cases count as failures")
+    f.add_argument("--list", action="store_true", help="list the selected cases and exit")
+    f.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    f.set_defaults(func=cmd_conform)
+    from .bench import add_parser as add_bench_parser  # `portconv bench` (issue 5): portconv/bench/cli.py
+
+    add_bench_parser(sub)
+    return p
+
+
+def main(argv=None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except SystemExit as e:
+        return int(e.code or 0)
+    except BrokenPipeError:
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
