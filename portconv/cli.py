@@ -162,6 +162,11 @@ def cmd_devices(a) -> int:
                   f"fp64={'yes' if d['fp64'] else 'no'} fp16={'yes' if d['fp16'] else 'no'} ({v})")
         if r["error"]:
             print(f"      {r['error']}")
+    from .backends.miopen import miopen_settings
+
+    print("MIOpen settings (read by MIOpen on ROCm builds of PyTorch; see docs/hip.md):")
+    for name, value, meaning in miopen_settings():
+        print(f"  {name:<32} {value:<10} {meaning}")
     print("knobs:")
     for k, help_ in KNOBS.items():
         print(f"  {k:<24} {knobs[k] if knobs[k] is not None else '(unset)':<10} {help_}")
@@ -341,6 +346,14 @@ def _suite_cases(path: str, row: str | None):
 
 
 # --- portconv conform ------------------------------------------------------------------------------------------
+def _found_backends() -> list[str]:
+    """Every available portconv backend but aten (PyTorch itself): the devices found. OpenCL is always tried."""
+    from . import backends
+
+    found = [str(b) for b in backends.all_ids() if b != backends.BackendId.ATEN and backends.get(b).probe()]
+    return found or ["opencl"]  # nothing found: run opencl anyway, so its absence fails with the reason
+
+
 def cmd_conform(a) -> int:
     from .conformance import cases as _cases
     from .conformance.runner import run
@@ -357,7 +370,9 @@ def cmd_conform(a) -> int:
     dtypes = [d for arg in (a.dtype or ["float32,float64"]) for d in arg.split(",")]
     dtypes = [_dtype(d) for d in dtypes]
     status = EXIT_OK
-    backends = a.backend or ["opencl"]
+    backends = a.backend or _found_backends()
+    if not a.backend:
+        print(f"portconv conform: backends found here: {', '.join(backends)} (choose with --backend)", file=sys.stderr)
     for bk in backends:
         path = a.json if len(backends) == 1 or not a.json else a.json.replace(".json", f".{bk}.json")
         try:
@@ -409,7 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_explain)
 
     f = sub.add_parser("conform", help="the conformance suite against PyTorch float64 (exit 1 on any failure)")
-    f.add_argument("--backend", action="append", help="backend(s) to check (repeatable; default opencl)")
+    f.add_argument("--backend", action="append", help="backend(s) to check (repeatable; default: every available backend but aten)")
     f.add_argument("--dtype", action="append", help="dtype(s), repeatable or comma-separated (default float32,float64)")
     f.add_argument("--json", default=None, metavar="FILE", help="write the JSON report (every case and error) here")
     g = f.add_mutually_exclusive_group()

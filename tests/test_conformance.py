@@ -48,6 +48,23 @@ def test_case(conf_backend, conf_dtype, conf_case):
     assert r.status == "pass", _explain(r, conf_backend)
 
 
+@pytest.mark.parametrize("dtype", DEFAULT_DTYPES)
+def test_backend_runs_most_of_the_grid(requested_backends, dtype):
+    """Unsupported cases are skips with the plan's reason; this keeps a backend that refuses much from going green."""
+    from portconv.conformance.runner import default_device, plan_for
+
+    for b in requested_backends:
+        require_backend(b)
+        refused = {}
+        for c in C.ci_subset():
+            try:
+                plan_for(c, make_inputs(c, dtype, default_device(b), None), b)
+            except (BackendUnavailable, Unsupported) as e:
+                refused[c.id] = str(e).split("\n")[0]
+        share = 1 - len(refused) / len(C.ci_subset())
+        assert share >= 0.6, f"{b} runs only {share:.0%} of the {dtype} subset: {list(refused.items())[:5]}"
+
+
 def test_gradcheck(grad_backend, grad_case):
     require_backend(grad_backend)
     r = gradcheck_case(grad_case, grad_backend)
@@ -130,7 +147,9 @@ class _Broken(AtenBackend):
         y = super().forward(plan_, input, weight, bias)
         if self.mode == "perturb":
             y = y.clone()
-            y.view(-1)[y.numel() // 2] *= 1 + max(1e-4, 16 * torch.finfo(y.dtype).eps)  # 16 ulp in bfloat16
+            # 16 ulp in bfloat16; under TF32 (aten on a GPU) the bound is ~1e-3 relative, so step over it
+            rel = 1e-2 if plan_.math == "tf32" else max(1e-4, 16 * torch.finfo(y.dtype).eps)
+            y.view(-1)[y.numel() // 2] *= 1 + rel
         elif self.mode == "unwritten":  # a kernel that misses the last element of its poisoned output buffer
             out = torch.full_like(y, float("nan")) if knobs.poison() else torch.zeros_like(y)
             out.view(-1)[:-1] = y.reshape(-1)[:-1]

@@ -63,4 +63,5 @@ class AtenBackend(Backend):
                                                          output_mask=list(output_mask))
         if gi is not None and any(p.padding_extra):
             gi = gi[(slice(None), slice(None)) + tuple(slice(0, s) for s in input.shape[2:])]
-        return gi, gw, gb
+        # ATen computes some gradients together (oneDNN returns grad_weight with grad_bias): honour the mask anyway
+        return tuple(t if m else None for t, m in zip((gi, gw, gb), output_mask))
