@@ -28,25 +28,23 @@ DT="--dtype float32,float64,float16,bfloat16"
 pids=()
 if has json; then  # JSON reports, one process per backend, in the background while tox runs
   for b in cuda cudnn hip; do
-    timeout 520 python3 -m portconv.cli conform --backend $b $DT -q --json "$R/conformance-$b.json" \
+    timeout 540 python3 -m portconv.cli conform --backend $b $DT -q --json "$R/conformance-$b.json" \
       > "$R/conform-$b.txt" 2>&1 & pids+=($!)
   done
-  PORTCONV_OPENCL_DEVICE=gpu timeout 520 python3 -m portconv.cli conform --backend opencl $DT -q \
+  PORTCONV_OPENCL_DEVICE=gpu timeout 540 python3 -m portconv.cli conform --backend opencl $DT -q \
     --json "$R/conformance-opencl-nvidia.json" > "$R/conform-opencl-nvidia.txt" 2>&1 & pids+=($!)
 fi
-if has tox; then
+if has tox; then  # the three device envs side by side (16 cores, one GPU)
   for e in cuda hip opencl; do
-    echo "== tox -e $e"
-    timeout 400 python3 -m tox -e $e -- -n 3 -p no:cacheprovider -W ignore > "$R/tox-$e.txt" 2>&1
-    echo "rc=$?"; grep -E "^(FAILED|ERROR)" "$R/tox-$e.txt" | cut -c1-200 | head -8; tail -2 "$R/tox-$e.txt"
+    timeout 540 python3 -m tox -e $e -- -n 3 -p no:cacheprovider -W ignore > "$R/tox-$e.txt" 2>&1 & pids+=($!)
   done
 fi
 if has sanitize; then
-  for tool in memcheck racecheck; do
-    timeout 120 compute-sanitizer --tool $tool --print-limit 20 python3 scripts/gpu/sweep.py --no-time --no-cudnn \
-      --cases dense3x3,grouped,dw3x3,conv1d-same,tconv-op --dtypes float32,float16 > "$R/sanitize-$tool.txt" 2>&1
-    echo "== sanitizer $tool rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$R/sanitize-$tool.txt" | sort | uniq -c
-  done
+  ( for tool in memcheck racecheck; do
+      timeout 200 compute-sanitizer --tool $tool --print-limit 20 python3 scripts/gpu/sweep.py --no-time --no-cudnn \
+        --cases dense3x3,grouped,dw3x3,conv1d-same,tconv-op --dtypes float32,float16 > "$R/sanitize-$tool.txt" 2>&1
+      echo "rc=$?" >> "$R/sanitize-$tool.txt"
+    done ) & pids+=($!)
 fi
 if has explain; then
   for b in auto cuda cudnn hip; do
@@ -55,5 +53,7 @@ if has explain; then
   done
 fi
 for p in "${pids[@]}"; do wait "$p"; echo "conform job rc=$?"; done
-for f in "$R"/conform-*.txt; do echo "== $f"; tail -12 "$f"; done
+for f in "$R"/tox-*.txt; do echo "== $f"; grep -E "^(FAILED|ERROR)" "$f" | cut -c1-220 | head -8; tail -2 "$f"; done
+for f in "$R"/sanitize-*.txt; do echo "== $f"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^rc=" "$f" | sort | uniq -c; done
+for f in "$R"/conform-*.txt; do echo "== $f"; tail -14 "$f"; done
 tar -czf "$OUT/reports.tgz" -C "$R" .
