@@ -25,9 +25,9 @@ __all__ = [
 ]
 
 
-def __getattr__(name):  # lazy submodules: portconv.nn, portconv.conformance, portconv.rules
+def __getattr__(name):  # lazy submodules: portconv.nn, .conformance, .rules, .cli, .bench
     import importlib
 
-    if name in ("nn", "conformance", "rules", "cli"):
+    if name in ("nn", "conformance", "rules", "cli", "bench"):
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'portconv' has no attribute {name!r}")

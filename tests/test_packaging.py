@@ -30,6 +30,7 @@ def test_wheel_contains_every_kernel_source(wheel):
         assert src, f"no {vendor} sources in the repository"
         missing = {s for s in src if f"portconv/_src/{s}" not in names}
         assert not missing, f"not in the wheel: {sorted(missing)}"
+    assert "portconv/bench/suite.json" in names  # `portconv bench` works from an installed wheel
 
 
 def test_installed_wheel_runs_a_conv_outside_the_repo(wheel, tmp_path):

@@ -1,0 +1,272 @@
+"""Timing: per-call samples (CUDA events, OpenCL profiling markers, wall clock), their statistics, buffer rotation."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import pathlib
+import time
+from collections.abc import Callable, Sequence
+
+DEFAULT_CACHE = 64 << 20  # used only when a device does not say how large its last cache is
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) with linear interpolation between closest ranks (numpy's default)."""
+    if not samples:
+        raise ValueError("percentile of no samples")
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile {q} is outside 0..100")
+    s = sorted(samples)
+    pos = (len(s) - 1) * q / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats:
+    """Summary of per-call times in milliseconds."""
+
+    runs: int
+    median: float
+    p10: float
+    p90: float
+    mean: float
+    min: float
+    max: float
+
+    @classmethod
+    def of(cls, samples_ms: Sequence[float]) -> Stats:
+        if not samples_ms:
+            raise ValueError("no timing samples")
+        bad = [v for v in samples_ms if not (math.isfinite(v) and v >= 0)]
+        if bad:
+            raise ValueError(f"timing samples must be finite and non-negative, got {bad[:3]}")
+        return cls(len(samples_ms), percentile(samples_ms, 50), percentile(samples_ms, 10),
+                   percentile(samples_ms, 90), sum(samples_ms) / len(samples_ms), min(samples_ms), max(samples_ms))
+
+    def as_dict(self) -> dict:
+        return {"runs": self.runs, "median_ms": self.median, "p10_ms": self.p10, "p90_ms": self.p90,
+                "mean_ms": self.mean, "min_ms": self.min, "max_ms": self.max}
+
+
+# --- clocks: how one call's time is taken ---------------------------------------------------------------
+class WallClock:
+    """Host wall clock around each call, with ``sync`` (a device wait) before the clock is read."""
+
+    method = "wall clock (time.perf_counter) around each call, device synchronized after it"
+
+    def __init__(self, sync: Callable[[], None] = lambda: None):
+        self.sync = sync
+
+    def samples(self, call, args) -> list[float]:
+        out = []
+        for a in args:
+            t0 = time.perf_counter()
+            call(a)
+            self.sync()
+            out.append((time.perf_counter() - t0) * 1e3)
+        return out
+
+
+class CudaClock:
+    """torch.cuda.Event pairs around each call on the current stream; read after one synchronize."""
+
+    method = "CUDA events (torch.cuda.Event) around each call on the current stream"
+
+    def __init__(self, device):
+        import torch
+
+        self.torch = torch
+        self.device = device
+
+    def sync(self) -> None:
+        self.torch.cuda.synchronize(self.device)
+
+    def samples(self, call, args) -> list[float]:
+        cuda = self.torch.cuda
+        stream = cuda.current_stream(self.device)
+        pairs = []
+        for a in args:
+            start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+            start.record(stream)
+            call(a)
+            end.record(stream)
+            pairs.append((start, end))
+        self.sync()
+        return [s.elapsed_time(e) for s, e in pairs]
+
+
+class OpenCLClock:
+    """Profiling markers enqueued before and after each call on a profiling-enabled in-order queue.
+
+    The time of a call is end(marker after) - end(marker before): from the moment all earlier work was done to
+    the moment this call's last command was, as CUDA events measure it.
+    """
+
+    method = "OpenCL profiling events (markers around each call on a profiling-enabled in-order queue)"
+
+    def __init__(self, queue):
+        import pyopencl
+
+        self.cl = pyopencl
+        self.queue = queue
+        self.fallback: WallClock | None = None
+
+    def sync(self) -> None:
+        self.queue.finish()
+
+    def samples(self, call, args) -> list[float]:
+        if self.fallback is not None:
+            return self.fallback.samples(call, args)
+        marks = []
+        for a in args:
+            m0 = self.cl.enqueue_marker(self.queue)
+            call(a)
+            marks.append((m0, self.cl.enqueue_marker(self.queue)))
+        self.queue.finish()
+        try:
+            stamps = [(m0.profile.end, m1.profile.end) for m0, m1 in marks]
+            why = None if all(0 < e0 < e1 for e0, e1 in stamps) else "markers carry no usable timestamps"
+        except self.cl.Error as e:  # some drivers give no profiling info for markers
+            why = f"marker profiling info unavailable ({e})"
+        if why is None:
+            return [(e1 - e0) * 1e-6 for e0, e1 in stamps]
+        # Note [OpenCL marker fallback]: a driver that cannot time markers is timed by the wall clock with a
+        # queue.finish() after each call, and every later cell says so in its method.
+        self.fallback = WallClock(self.sync)
+        self.method = f"wall clock with queue.finish() after each call ({why})"
+        return self.fallback.samples(call, args)
+
+
+# --- one measurement ----------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Measurement:
+    stats: Stats
+    samples_ms: list[float]
+    first_call_ms: float  # wall clock of the very first call (includes compiling, plan, handle creation)
+    warmup: int  # calls made before the timed ones (the first call included)
+    requested_runs: int
+    method: str
+    first_output: object = None  # what the first call returned (for the correctness check)
+
+    def as_dict(self) -> dict:
+        d = self.stats.as_dict()
+        d.update(first_call_ms=self.first_call_ms, warmup_calls=self.warmup, requested_runs=self.requested_runs,
+                 method=self.method, samples_ms=list(self.samples_ms))
+        return d
+
+
+def measure(clock, call: Callable, sets: Sequence, *, runs: int, warmup: int, min_runs: int = 5,
+            budget_s: float | None = None, warmup_s: float = 0.0) -> Measurement:
+    """Warm up, then time ``runs`` calls, set i of ``sets`` on call i (rotating).
+
+    The first call is timed alone (wall clock: it includes compilation), the second gives an estimate of one
+    call's cost. Warm-up lasts ``warmup`` calls and at least ``warmup_s`` seconds (allocator, thread pools and
+    clocks settle: seen on a CPU, where the first cell of a process ran 5x slower after two warm-up calls).
+    With ``budget_s`` the warm-up is cut to a quarter of the budget and the timed runs to what fits in it, never
+    below ``min_runs`` (the report shows the count).
+    """
+    n = len(sets)
+    t0 = time.perf_counter()
+    first = call(sets[0])
+    clock.sync()
+    first_ms = (time.perf_counter() - t0) * 1e3
+    t0 = time.perf_counter()
+    call(sets[1 % n])
+    clock.sync()
+    est = max(time.perf_counter() - t0, 1e-7)
+    extra = max(0, warmup - 2, math.ceil(warmup_s / est) - 2)
+    target = runs
+    if budget_s is not None:
+        extra = min(extra, int(0.25 * budget_s / est))
+        target = min(runs, max(min_runs, int(budget_s / est)))
+    i = 2
+    for _ in range(extra):
+        call(sets[i % n])
+        i += 1
+    clock.sync()
+    args = [sets[(i + j) % n] for j in range(target)]
+    samples = clock.samples(call, args)
+    return Measurement(Stats.of(samples), samples, first_ms, 2 + extra, runs, clock.method, first)
+
+
+# --- caches and buffer rotation -----------------------------------------------------------------------------
+def _size(text: str) -> int:
+    text = text.strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(text.rstrip("KMG")) * mult
+
+
+def cpu_cache_bytes() -> tuple[int, str]:
+    """The largest CPU cache (the last level) from sysfs, with where it came from."""
+    best = 0
+    for d in pathlib.Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            if (d / "type").read_text().strip() == "Instruction":
+                continue
+            best = max(best, _size((d / "size").read_text()))
+        except (OSError, ValueError):
+            continue
+    if best:
+        return best, "sysfs /sys/devices/system/cpu/cpu0/cache (largest data cache)"
+    return DEFAULT_CACHE, f"unknown (sysfs has no cache sizes): assumed {DEFAULT_CACHE >> 20} MiB"
+
+
+def cuda_cache_bytes(device) -> tuple[int, str]:
+    import torch
+
+    size = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0)
+    if size:
+        return size, "torch.cuda.get_device_properties().L2_cache_size"
+    return DEFAULT_CACHE, f"unknown (torch reports no L2 size): assumed {DEFAULT_CACHE >> 20} MiB"
+
+
+def opencl_cache_bytes(device) -> tuple[int, str]:
+    size = int(device.global_mem_cache_size or 0)
+    if size:
+        return size, "CL_DEVICE_GLOBAL_MEM_CACHE_SIZE"
+    return DEFAULT_CACHE, f"unknown (the OpenCL device reports no cache): assumed {DEFAULT_CACHE >> 20} MiB"
+
+
+def memory_budget(device_type: str, device=None) -> int:
+    """Bytes the rotated buffer sets of one row may take: a quarter of free memory, at most 4 GiB."""
+    free = 0
+    if device_type == "cuda":
+        import torch
+
+        free = torch.cuda.mem_get_info(device)[0]
+    elif hasattr(os, "sysconf") and "SC_AVPHYS_PAGES" in os.sysconf_names:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return min(4 << 30, free // 4) if free else 1 << 30
+
+
+@dataclasses.dataclass(frozen=True)
+class Rotation:
+    sets: int
+    set_bytes: int  # every tensor of one set (all directions' inputs)
+    min_input_bytes: int  # the inputs one call of the lightest direction reads
+    cache_bytes: int
+    cache_source: str
+
+    @property
+    def exceeds_cache(self) -> bool:
+        """Do the inputs read by consecutive calls, over all sets, exceed the cache (so none stays in it)?"""
+        return self.sets * self.min_input_bytes > self.cache_bytes
+
+    def as_dict(self) -> dict:
+        return {"sets": self.sets, "set_bytes": self.set_bytes, "total_bytes": self.sets * self.set_bytes,
+                "min_input_bytes": self.min_input_bytes, "cache_bytes": self.cache_bytes,
+                "cache_source": self.cache_source, "exceeds_cache": self.exceeds_cache}
+
+
+def rotation(set_bytes: int, min_input_bytes: int, cache: tuple[int, str], budget_bytes: int,
+             min_sets: int = 2, max_sets: int = 1024) -> Rotation:
+    """How many buffer sets to rotate: the lightest direction's inputs over all sets reach twice the cache."""
+    cache_bytes, source = cache
+    need = math.ceil(2 * cache_bytes / max(min_input_bytes, 1))
+    count = min(max(min_sets, need), max_sets)
+    if count * set_bytes > budget_bytes:
+        count = max(1, budget_bytes // max(set_bytes, 1))
+    return Rotation(int(count), set_bytes, min_input_bytes, cache_bytes, source)

@@ -1,0 +1,340 @@
+"""portconv bench on the CPU: roofline arithmetic, statistics, rotation, the harness end to end on PoCL and aten."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from portconv.bench import report, roofline, suite, timing
+from portconv.conformance.cases import Case
+
+pytest.importorskip("torch")
+
+TINY = {"rows": [
+    {"name": "tiny-dw", "n": 2, "c": 8, "k": 8, "spatial": [12, 12], "kernel": [3, 3], "stride": [1, 1],
+     "padding": [1, 1], "dilation": [1, 1], "groups": 8, "transposed": False, "output_padding": [0, 0],
+     "dtype": "float32", "layout": "nchw"},
+    {"name": "tiny-tconv-cl", "n": 2, "c": 8, "k": 4, "spatial": [5, 5], "kernel": [4, 4], "stride": [2, 2],
+     "padding": [1, 1], "dilation": [1, 1], "groups": 1, "transposed": True, "output_padding": [0, 0],
+     "dtype": "float32", "layout": "channels_last"},
+]}
+
+
+def _case(**kw) -> Case:
+    rank = len(kw["spatial"])
+    base = dict(rank=rank, stride=(1,) * rank, padding=(0,) * rank, dilation=(1,) * rank, bias=False)
+    base.update(kw)
+    return Case(**base)
+
+
+# --- roofline arithmetic, against hand-computed numbers ------------------------------------------------------
+def test_flops_and_bytes_grouped_conv2d():
+    c = _case(n=2, c=4, k=6, spatial=(10, 10), kernel=(3, 3), padding=(1, 1), groups=2, bias=True)
+    assert c.output_shape == (2, 6, 10, 10)
+    assert roofline.flops(c) == 2 * 2 * 6 * 2 * 9 * 100 == 43200
+    # input 2*4*100, weight 6*2*9, output 2*6*100, bias 6 elements; float32
+    assert roofline.min_bytes(c, "float32", "fwd") == (800 + 108 + 1200 + 6) * 4 == 8456
+    assert roofline.min_bytes(c, "float32", "bwd-data") == (1200 + 108 + 800) * 4 == 8432
+    assert roofline.min_bytes(c, "float32", "bwd-weight") == (800 + 1200 + 108) * 4 == 8432
+    assert roofline.min_bytes(c, "bfloat16", "bwd-weight") == 8432 // 2
+    assert roofline.input_bytes(c, "float32", "bwd-weight") == (800 + 1200) * 4
+
+
+def test_flops_suite_rows_by_hand():
+    rows = {r.name: r for r in suite.load_suite(suite.PACKAGED)[0]}
+    dw = rows["mbv2-dw3x3"].case  # 32 x 144 x 56 x 56, 3x3 depthwise, stride 1, pad 1
+    assert roofline.flops(dw) == 2 * 32 * 144 * 1 * 9 * 56 * 56 == 260_112_384
+    assert roofline.min_bytes(dw, "float32", "fwd") == (2 * 32 * 144 * 3136 + 144 * 9) * 4 == 115_610_688
+    t = rows["dcgan-gen-transposed"].case  # 64 x 512 x 4x4 -> 64 x 256 x 8x8, 4x4 kernel, stride 2
+    assert t.output_shape == (64, 256, 8, 8)
+    assert roofline.flops(t) == 2 * 64 * 256 * 512 * 16 * 16 == 4_294_967_296  # positions of its 4x4 input
+    assert roofline.min_bytes(t, "float32", "fwd") == (64 * 512 * 16 + 512 * 256 * 16 + 64 * 256 * 64) * 4
+    w = rows["wav2vec2-conv1d"].case  # 3199 -> (3199 - 3) // 2 + 1 = 1599
+    assert roofline.flops(w) == 2 * 8 * 512 * 512 * 3 * 1599
+
+
+def test_floor_and_efficiency():
+    f = roofline.floor(2_000_000_000, 1_000_000, peak_flops=1e12, peak_bw=1e9)  # 2 ms compute vs 1 ms memory
+    assert f["bound"] == "compute" and f["floor_ms"] == pytest.approx(2.0) and f["memory_ms"] == pytest.approx(1.0)
+    f = roofline.floor(1_000_000, 3_000_000, peak_flops=1e12, peak_bw=1e9)  # 0.001 ms vs 3 ms
+    assert f["bound"] == "memory" and f["floor_ms"] == pytest.approx(3.0)
+    assert roofline.efficiency(3.0, 12.0) == pytest.approx(0.25)
+    assert roofline.floor(10, 10, None, None)["floor_ms"] is None
+    assert roofline.peak_key("float32", "tf32") == "tf32" and roofline.peak_key("bfloat16", "tf32") == "bfloat16"
+
+
+# --- statistics and rotation ----------------------------------------------------------------------------------
+def test_percentile_by_hand():
+    assert timing.percentile([4, 1, 3, 2], 50) == 2.5
+    assert timing.percentile([1, 2, 3, 4], 10) == pytest.approx(1.3)
+    assert timing.percentile([1, 2, 3, 4], 90) == pytest.approx(3.7)
+    with pytest.raises(ValueError):
+        timing.Stats.of([1.0, float("nan")])
+
+
+def _spin(ms: float) -> None:
+    end = time.perf_counter() + ms / 1e3
+    while time.perf_counter() < end:
+        pass
+
+
+def test_measure_statistics_come_from_the_samples():
+    sets = [0.2, 1.5, 0.6]  # each call busy-waits this many ms; rotation visits every set
+    seen = []
+
+    def call(ms):
+        seen.append(ms)
+        _spin(ms)
+        return ms
+
+    m = timing.measure(timing.WallClock(), call, sets, runs=12, warmup=3)
+    assert m.first_output == 0.2 and m.warmup == 3 and len(m.samples_ms) == 12 == m.stats.runs
+    assert seen[:3] == [0.2, 1.5, 0.6] and sorted(set(seen)) == sorted(sets)
+    assert m.stats.median == pytest.approx(float(np.median(m.samples_ms)))
+    assert m.stats.p10 == pytest.approx(float(np.percentile(m.samples_ms, 10)))
+    assert m.stats.p90 == pytest.approx(float(np.percentile(m.samples_ms, 90)))
+    assert m.stats.min >= 0.2 and m.stats.p90 >= 1.5 * 0.9  # the samples really are the calls' durations
+    assert m.stats.p10 < m.stats.median < m.stats.p90
+
+
+def test_measure_budget_cuts_runs_but_not_below_min_runs():
+    m = timing.measure(timing.WallClock(), lambda ms: _spin(ms), [5.0], runs=50, warmup=10, min_runs=4,
+                       budget_s=0.02)
+    assert m.stats.runs == 4 and m.requested_runs == 50 and m.warmup == 2
+
+
+def test_rotation_count():
+    r = timing.rotation(set_bytes=3 << 20, min_input_bytes=1 << 20, cache=(32 << 20, "test"), budget_bytes=1 << 30)
+    assert r.sets == 64 and r.exceeds_cache  # 2 * 32 MiB / 1 MiB
+    r = timing.rotation(3 << 20, 1 << 20, (32 << 20, "test"), budget_bytes=30 << 20)
+    assert r.sets == 10 and not r.exceeds_cache  # the memory budget wins, and the report says so
+    r = timing.rotation(1 << 30, 1 << 29, (50 << 20, "test"), budget_bytes=8 << 30)
+    assert r.sets == 2  # never fewer than two sets when memory allows
+
+
+# --- workloads -------------------------------------------------------------------------------------------------
+def test_suite_selection_scaling_and_packaged_copy():
+    rows, _ = suite.load_suite(suite.PACKAGED)
+    picked = suite.select(rows, "mbv2-dw3x3-b1,wav2vec2-*")
+    assert [r.name for r in picked] == ["mbv2-dw3x3-b1", "wav2vec2-conv1d", "wav2vec2-posconv-g16"]
+    scaled = suite.adjust(picked, scale_batch=2, dtype="float16")
+    assert [r.case.n for r in scaled] == [1, 2, 2] and [r.batch_original for r in scaled] == [1, 8, 8]
+    assert {r.dtype for r in scaled} == {"float16"}
+    with pytest.raises(ValueError, match="matches no row"):
+        suite.select(rows, "no-such-row")
+    assert suite.parse_directions("bwd,fwd") == ("fwd", "bwd-data") and suite.parse_directions("all") == \
+        suite.DIRECTIONS
+    shared = suite.repo_suite()
+    if shared.is_file():  # a checkout with ../shared beside it: the packaged copy must not drift
+        assert json.loads(shared.read_text()) == json.loads(suite.PACKAGED.read_text())
+
+
+# --- the harness end to end -------------------------------------------------------------------------------------
+@pytest.fixture()
+def tiny_suite(tmp_path, monkeypatch):
+    monkeypatch.setenv("PORTCONV_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PORTCONV_OPENCL_DEVICE", "cpu")
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(TINY))
+    return path
+
+
+def _check_cell_numbers(rep: dict, row: dict, label: str) -> None:
+    """Every number of one entry recomputed from the JSON's own samples, peaks and shapes."""
+    res, torch_res = row["results"][label], row["results"]["torch"]
+    assert res["status"] == "ok", res
+    bw = rep["peaks"]["bandwidth"]["bytes_per_s"]
+    peak = rep["peaks"]["compute"]["float32"]["flops_per_s"]
+    for d in suite.DIRECTIONS:
+        c = res["directions"][d]
+        s = c["samples_ms"]
+        assert len(s) == c["runs"] >= 3 and all(math.isfinite(v) and v > 0 for v in s)
+        assert c["median_ms"] == pytest.approx(float(np.median(s)))
+        assert c["p10_ms"] == pytest.approx(float(np.percentile(s, 10)))
+        assert c["p90_ms"] == pytest.approx(float(np.percentile(s, 90)))
+        assert c["check"]["ok"] and c["check"]["rel_err"] < 1e-4, c["check"]
+        floor = max(row["flops"] / peak, row["directions"][d]["bytes"] / bw) * 1e3
+        assert c["floor_ms"] == pytest.approx(floor)
+        assert c["efficiency"] == pytest.approx(floor / c["median_ms"])
+        assert res["speedup_vs_torch"][d] == pytest.approx(torch_res["directions"][d]["median_ms"] / c["median_ms"])
+    assert res["sum_ms"] == pytest.approx(sum(res["directions"][d]["median_ms"] for d in suite.DIRECTIONS))
+    assert res["speedup_vs_torch"]["sum"] == pytest.approx(torch_res["sum_ms"] / res["sum_ms"])
+
+
+def test_bench_runs_opencl_and_aten(tiny_suite, tmp_path, capsys):
+    from conftest import require_backend
+
+    from portconv import cli
+
+    require_backend("opencl")
+    out = tmp_path / "out"
+    rc = cli.main(["bench", "--suite", str(tiny_suite), "--backend", "opencl,aten", "--runs", "5", "--quiet",
+                   "--out", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    rep = json.loads((out / "bench.json").read_text())
+    assert [r["name"] for r in rep["rows"]] == ["tiny-dw", "tiny-tconv-cl"]
+    for row in rep["rows"]:
+        assert list(row["results"]) == ["torch", "opencl", "aten"]
+        assert row["results"]["opencl"]["timing"].startswith("OpenCL profiling events")
+        assert row["results"]["torch"]["timing"].startswith("wall clock")
+        assert row["results"]["opencl"]["plan"]["backend"] == "opencl"
+        for label in ("torch", "opencl", "aten"):
+            _check_cell_numbers(rep, row, label)
+        assert row["rotation"]["sets"] >= 2
+    assert rep["rows"][1]["results"]["opencl"]["plan"]["algorithm"] == "direct-transposed"
+    assert rep["environment"]["versions"]["torch"] and rep["settings"]["runs"] == 5
+    assert "tiny-tconv-cl" in text and "opencl" in text and "floor" in text
+    md = (out / "bench.md").read_text()
+    assert "| tiny-dw | opencl |" in md and "Roofline peaks" in md
+    png = out / "bench.png"
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert not png.exists() and "matplotlib" in rep["outputs"]["chart_skipped"] and "Chart skipped" in md
+    else:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and rep["outputs"]["chart_skipped"] is None
+    # two runs of one device merge into one report (the GPU suite is split over several commands)
+    merged = tmp_path / "merged"
+    assert cli.main(["bench", "--merge", str(out / "bench.json"), str(out / "bench.json"), "--out", str(merged)]) == 0
+    both = json.loads((merged / "bench.json").read_text())
+    assert [r["name"] for r in both["rows"]] == ["tiny-dw", "tiny-tconv-cl"] * 2
+    assert both["summary"]["opencl"]["fwd"]["rows"] == 4
+    other = dict(rep, device=dict(rep["device"], name="another device"))
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    assert cli.main(["bench", "--merge", str(out / "bench.json"), str(tmp_path / "other.json")]) == 2
+
+
+def test_opencl_clock_falls_back_to_the_wall_clock_without_marker_times(monkeypatch):
+    from conftest import require_backend
+
+    from portconv.backends import _cl_runtime as rt
+
+    require_backend("opencl")
+    mod = rt.cl()
+    dev = rt.all_devices()[0][2]
+    queue = mod.CommandQueue(mod.Context([dev]), dev, properties=mod.command_queue_properties.PROFILING_ENABLE)
+    clock = timing.OpenCLClock(queue)
+    real = clock.samples(lambda ms: _spin(ms), [0.5, 0.5])
+    assert all(v > 0 for v in real) and clock.method.startswith("OpenCL profiling")
+
+    class Stamp:
+        class profile:
+            end = 0
+
+    monkeypatch.setattr(clock.cl, "enqueue_marker", lambda q: Stamp())
+    got = clock.samples(lambda ms: _spin(ms), [1.0, 1.0, 1.0])
+    assert len(got) == 3 and min(got) >= 1.0 and "no usable timestamps" in clock.method
+
+
+def test_chart_absence_is_explained(monkeypatch, tmp_path):
+    from portconv.bench import chart
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    path, why = chart.chart({"rows": [], "settings": {"directions": ["fwd"]}}, tmp_path / "x.png")
+    assert path is None and "matplotlib is not installed" in why and not (tmp_path / "x.png").exists()
+
+
+def test_a_backend_that_cannot_run_a_row_gives_the_plans_reason(tiny_suite, monkeypatch):
+    """The opencl backend made to reject grouped problems: that row shows the reason and no number."""
+    from conftest import require_backend
+
+    from portconv.bench import runner
+    from portconv.errors import Unsupported
+    from portconv.plan import clear_cache
+
+    impl = require_backend("opencl")
+    real = type(impl).choose
+
+    def choose(self, problem, device):
+        if problem.params.groups > 1:
+            raise Unsupported("no kernel for grouped problems in this test")
+        return real(self, problem, device)
+
+    monkeypatch.setattr(type(impl), "choose", choose)
+    clear_cache()
+    try:
+        rows = suite.load_suite(tiny_suite)[0]
+        rep = runner.run(rows, runner.Options(runs=3, backends=["opencl"], peaks=False))
+    finally:
+        clear_cache()
+    dw, tconv = rep["rows"]
+    assert dw["results"]["opencl"]["status"] == "unsupported"
+    assert dw["results"]["opencl"]["reason"] == "no kernel for grouped problems in this test"
+    assert dw["results"]["opencl"]["directions"] == {} and "sum_ms" not in dw["results"]["opencl"]
+    assert not dw["results"]["opencl"]["speedup_vs_torch"]
+    assert tconv["results"]["opencl"]["status"] == "ok"
+    assert dw["directions"]["fwd"]["floor_ms"] is None  # peaks=False: no roofline, and none invented
+    text = report.table(rep)
+    assert "unsupported: no kernel for grouped problems in this test" in text
+
+
+def test_an_unavailable_backend_gives_its_probe_reason(tiny_suite):
+    from portconv.bench import runner
+
+    missing = [a for a in runner.availability() if not a["available"]]
+    if not missing:
+        pytest.skip("every backend is available on this machine")
+    name, reason = missing[0]["backend"], missing[0]["reason"]
+    rows = suite.load_suite(tiny_suite)[0][:1]
+    rep = runner.run(rows, runner.Options(runs=3, backends=[name], peaks=False, directions=("fwd",)))
+    res = rep["rows"][0]["results"][name]
+    assert res["status"] == "unavailable" and res["reason"] == reason and res["directions"] == {}
+
+
+def test_one_shape_from_problem_flags(tmp_path, monkeypatch, capsys):
+    from portconv import cli
+
+    monkeypatch.setenv("PORTCONV_CACHE_DIR", str(tmp_path / "cache"))
+    rc = cli.main(["bench", "-n", "1", "-c", "4", "-k", "6", "-H", "9", "-W", "7", "-p", "1", "-q", "1",
+                   "--backend", "aten", "--runs", "3", "--no-peaks", "--directions", "fwd,bwd-weight", "--quiet",
+                   "--out", str(tmp_path)])
+    assert rc == 0, capsys.readouterr()
+    rep = json.loads((tmp_path / "bench.json").read_text())
+    (row,) = rep["rows"]
+    assert row["source"] == "flags" and row["input_shape"] == [1, 4, 9, 7] and row["output_shape"] == [1, 6, 9, 7]
+    assert set(row["results"]["aten"]["directions"]) == {"fwd", "bwd-weight"}
+    assert row["results"]["aten"]["directions"]["fwd"]["check"]["ok"]
+    assert cli.main(["bench", "-n", "2", "--rows", "mbv2-dw3x3"]) == 2  # one shape and --rows do not mix
+
+
+def test_overhead_on_a_cached_plan(monkeypatch):
+    from portconv.bench import overhead
+
+    res = overhead(backend="aten", device="cpu", calls=20, repeats=3, compile=False)
+    for k in ("torch", "portconv", "plan_forward"):
+        assert res[k]["per_call_us"] > 0 and res[k]["synced_call_us"] > 0
+    assert res["portconv_minus_torch_us"] == pytest.approx(res["portconv"]["per_call_us"]
+                                                           - res["torch"]["per_call_us"])
+    assert res["plan_backend"] == "aten" and res["within_target"] == (res["portconv_minus_torch_us"] <= 25.0)
+
+
+def test_first_call_times_in_fresh_processes(tmp_path):
+    from portconv.bench.overhead import first_call_times
+
+    res = first_call_times("aten", "cpu", timeout=120)
+    for k in ("cold", "warm"):
+        assert "error" not in res[k], res[k]
+        assert res[k]["plan_backend"] == "aten" and res[k]["first_forward_ms"] > 0 and res[k]["process_s"] > 0
+
+
+def test_peaks_are_measured_once_and_cached_unless_the_host_was_busy(tmp_path, monkeypatch):
+    import os
+
+    import torch
+
+    cpu, cache = torch.device("cpu"), tmp_path / "peaks.json"
+    monkeypatch.setattr(os, "getloadavg", lambda: (99.0, 99.0, 99.0))
+    busy = roofline.peaks(cpu, ["float32"], cache=cache)
+    assert busy["not_cached"] and not cache.exists() and busy["bandwidth"]["bytes_per_s"] > 0
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    first = roofline.peaks(cpu, ["float32"], cache=cache)
+    assert first["measured_now"] == ["bandwidth", "float32"] and cache.exists() and first["not_cached"] is None
+    st = first["compute"]["float32"]["stats"]
+    assert first["compute"]["float32"]["flops_per_s"] == pytest.approx(2 * 1024 ** 3 / (st["min_ms"] * 1e-3))
+    again = roofline.peaks(cpu, ["float32"], cache=cache)
+    assert again["measured_now"] == [] and again["compute"] == first["compute"]
