@@ -424,7 +424,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_explain)
 
     f = sub.add_parser("conform", help="the conformance suite against PyTorch float64 (exit 1 on any failure)")
-    f.add_argument("--backend", action="append", help="backend(s) to check (repeatable; default: every available backend but aten)")
+    f.add_argument("--backend", action="append",
+                   help="backend(s) to check (repeatable; default: every available backend but aten)")
     f.add_argument("--dtype", action="append", help="dtype(s), repeatable or comma-separated (default float32,float64)")
     f.add_argument("--json", default=None, metavar="FILE", help="write the JSON report (every case and error) here")
     g = f.add_mutually_exclusive_group()
