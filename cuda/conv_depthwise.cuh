@@ -147,3 +147,6 @@ PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_weight(const pc_conv
         }
     }
 }
+
+/* The strip-per-thread kernels the host prefers where they apply (Note [depthwise rows]). */
+#include "conv_depthwise_rows.cuh"

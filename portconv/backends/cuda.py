@@ -20,6 +20,8 @@ PREFIX = {"direct": "portconv_direct", "depthwise": "portconv_depthwise", "impli
 IGEMM_TILE = (64, 64, 16)  # BM, BN, BK of cuda/conv_igemm.cuh as compiled here
 THREADS = 256
 DW_TAPS = 9  # PC_DW_TAPS of cuda/conv_depthwise.cuh
+DW_V = 4  # PC_DW_V of cuda/conv_depthwise_rows.cuh: outputs per thread along the last spatial axis
+DW_ENV = "PORTCONV_CUDA_DEPTHWISE"  # "rows" (default): Note [depthwise rows] kernels where they apply; "v1": per-element
 INDEX32_LIMIT = 2**31 - 1 - 2**26  # headroom for grid-stride steps past the last element
 GRID_YZ_MAX = 65535
 
@@ -84,9 +86,12 @@ def choose_for(problem: Problem, device: DeviceInfo, kernel_set: str = "CUDA") -
     idx = "; 64-bit indexing" if big else ""
     if problem.is_depthwise:
         m = problem.weight.shape[0] // problem.input.shape[1]
+        ks = depthwise_kernels(ConvView.of(problem))
+        names = ", ".join(f"{d} {ks[d]}" for d in ("fwd", "bwd_data", "bwd_weight"))
         return Choice("depthwise", fmt, f"depthwise (groups = C_in = {p.groups}, channel multiplier {m}): per-channel "
-                      f"kernels without a channel loop; the weight gradient keeps {DW_TAPS} taps per block in "
-                      f"registers{idx}", math)
+                      f"kernels without a channel loop [{names}] ('rows*': {DW_V} outputs per thread, "
+                      f"Note [depthwise rows]; plain: one output per thread, {DW_TAPS} weight-gradient taps per "
+                      f"block){idx}", math)
     if p.groups == 1:
         dims = igemm_dims(problem)
         bm, bn, bk = IGEMM_TILE
@@ -99,6 +104,25 @@ def choose_for(problem: Problem, device: DeviceInfo, kernel_set: str = "CUDA") -
     else:
         why = f"grouped (groups = {p.groups}, not depthwise)"
     return Choice("direct", fmt, f"{why}: the general direct kernels{idx}", math)
+
+
+def depthwise_kernels(view: ConvView) -> dict[str, str]:
+    """The depthwise kernel suffix per view direction ('' is the per-element kernel of cuda/conv_depthwise.cuh).
+
+    Pure in the view and the PORTCONV_CUDA_DEPTHWISE environment variable ('v1' selects the per-element
+    kernels everywhere, for comparison)."""
+    import os
+
+    if os.environ.get(DW_ENV, "rows") == "v1":
+        return {"fwd": "plain", "bwd_data": "plain", "bwd_weight": "plain"}
+    r0, r1, r2 = view.R
+    s2, d2 = view.S[2], view.DL[2]
+    tap3 = r2 == 3 and d2 == 1
+    fwd = f"rows3s{s2}" if tap3 and s2 in (1, 2) else "rows"
+    bwd_data = "rows3s1" if tap3 and s2 == 1 else "rows"
+    ok_w = tap3 and r1 == 3 and view.DL[1] == 1 and r0 in (1, 3) and (r0 == 1 or view.DL[0] == 1) and s2 in (1, 2)
+    bwd_weight = f"rows{3 if r0 == 3 else 2}d_s{s2}" if ok_w else "plain"
+    return {"fwd": fwd, "bwd_data": bwd_data, "bwd_weight": bwd_weight}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,6 +300,7 @@ class _Run:
         self.defines = {"PC_DTYPE": DTYPE_CODE[pr.dtype], "PC_INDEX64": int(big)}
         self.acc64 = pr.dtype == "float64"
         self.flags = FLAG_CL if plan.memory_format != "contiguous" else 0
+        self.dw = depthwise_kernels(self.view) if self.alg == "depthwise" else {}
 
     def _fn(self, name: str):
         return self.backend.kernels().function(ENTRY[self.alg], self.defines, self.io.device, name)
@@ -306,24 +331,32 @@ class _Run:
         v = self.view
         a = self._args(x=x, w=w, y=y, b=bias, xs=strides5(x), wst=strides5(w), ys=strides5(y),
                        bs=self._bias_stride(bias))
+        name = f"{PREFIX[self.alg]}_fwd"
         if self.alg == "implicit_gemm":
             bm, bn, _ = IGEMM_TILE
             grid = (-(-v.y_positions // bm), -(-(v.K // v.G) // bn), v.G)
+        elif self.dw.get("fwd", "plain") != "plain":
+            name += "_" + self.dw["fwd"]
+            grid = self._elementwise_grid(v.y_positions // v.Y[2] * -(-v.Y[2] // DW_V) * v.K)
         else:
             grid = self._elementwise_grid(v.y_positions * v.K)
-        self._launch(f"{PREFIX[self.alg]}_fwd", grid, a)
+        self._launch(name, grid, a)
 
     def bwd_data(self, dx, w, dy, bias) -> None:
         v = self.view
         a = self._args(x=dx, w=w, y=dy, b=bias, xs=strides5(dx), wst=strides5(w), ys=strides5(dy),
                        bs=self._bias_stride(bias))
         positions = v.N * v.X[0] * v.X[1] * v.X[2]
+        name = f"{PREFIX[self.alg]}_bwd_data"
         if self.alg == "implicit_gemm":
             bm, bn, _ = IGEMM_TILE
             grid = (-(-positions // bm), -(-(v.C // v.G) // bn), v.G)
+        elif self.dw.get("bwd_data", "plain") != "plain":
+            name += "_" + self.dw["bwd_data"]
+            grid = self._elementwise_grid(v.N * v.X[0] * v.X[1] * -(-v.X[2] // DW_V) * v.C)
         else:
             grid = self._elementwise_grid(positions * v.C)
-        self._launch(f"{PREFIX[self.alg]}_bwd_data", grid, a)
+        self._launch(name, grid, a)
 
     def bwd_weight(self, x, dy, dw) -> None:
         v = self.view
@@ -338,6 +371,13 @@ class _Run:
             chunk = -(-total // splits)
             splits = -(-total // chunk)
             grid = (tiles[0], tiles[1], v.G * splits)
+        elif self.dw.get("bwd_weight", "plain") != "plain":
+            strips = v.N * v.Y[0] * v.Y[1] * -(-v.Y[2] // DW_V)
+            target = 16 * max(self.units, 1)  # blocks: bandwidth-bound, so fill every SM several times
+            splits = max(1, min(-(-target // v.K), -(-strips // (2 * THREADS)), GRID_YZ_MAX))
+            chunk = -(-strips // splits)
+            splits = -(-strips // chunk)
+            grid = (v.K, splits, 1)
         elif self.alg == "depthwise":
             chunks = -(-v.taps // DW_TAPS)
             splits, chunk = _splits(v.K * chunks, total, 4 * THREADS, self.units, count)
@@ -348,7 +388,10 @@ class _Run:
         ws = self.io.workspace(splits * count, self.acc64) if splits > 1 else None
         a = self._args(x=x, w=dw, y=dy, ws=ws, xs=strides5(x), wst=strides5(dw), ys=strides5(dy), splits=splits,
                        chunk=chunk)
-        self._launch(f"{PREFIX[self.alg]}_bwd_weight", grid, a)
+        name = f"{PREFIX[self.alg]}_bwd_weight"
+        if self.dw.get("bwd_weight", "plain") != "plain":
+            name += "_" + self.dw["bwd_weight"]
+        self._launch(name, grid, a)
         if splits > 1:
             fin = self._args(w=dw, ws=ws, wst=strides5(dw), splits=splits, C=cg)
             self._launch("portconv_split_finalize", self._elementwise_grid(count), fin)
