@@ -184,6 +184,11 @@ EMU_CASES = [
     EmuCase(2, 2, 4, 6, 4, 3, stride=2, padding=1, transposed=True, output_padding=1),
     EmuCase(2, 1, 4, 4, 5, 3, stride=3, padding=2, groups=2, transposed=True, output_padding=2, dilation=2),
     EmuCase(1, 3, 2, 3, 70, 1),  # 1x1 over a long row: split reductions on 2 "SMs"
+    # the depthwise 'rows' fast paths (3 taps on the last axis, dilation 1, stride 1 or 2; 9/27-tap bwd-weight)
+    EmuCase(2, 2, 3, 3, 9, 3, padding=1, groups=3),
+    EmuCase(2, 2, 4, 4, 10, 3, stride=2, padding=1, groups=4, layout="strided"),
+    EmuCase(3, 1, 2, 2, 6, 3, padding=1, groups=2),
+    EmuCase(1, 2, 3, 6, 13, 3, padding=1, groups=3),  # multiplier 2, rank 1
 ]
 
 
