@@ -15,13 +15,14 @@ from .functional import (
 )
 from .params import ConvParams
 from .plan import Plan, use_backend
+from .tune import tune
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Availability", "BackendId", "BackendUnavailable", "ConvError", "ConvParams", "DeviceInfo", "Plan", "Problem",
     "Unsupported", "VendorImportError", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
-    "conv_transpose3d", "convolution", "convolution_backward", "plan", "use_backend",
+    "conv_transpose3d", "convolution", "convolution_backward", "plan", "tune", "use_backend",
 ]
 
 

@@ -1,12 +1,13 @@
 """The public API: torch.nn.functional-style convolutions, aten::convolution(_backward) and plan()."""
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 from . import validate
-from .backends import Problem
+from .backends import BackendId, Problem
 from .params import ConvParams
-from .plan import Plan, select
+from .plan import Plan, _clear_hooks, call_state, select
 from .tensors import spec_of
 
 
@@ -38,27 +39,124 @@ def plan(input, weight, bias=None, stride=1, padding=0, dilation=1, transposed=F
     return select(make_problem(input, weight, bias, params), backend)
 
 
-def _run(input, weight, bias, params: ConvParams, backend):
+# Note [fast path]
+# A repeated call skips spec building, validation and planning: _fast maps everything those read to their outcome
+# (the plan, or None for ATen's Empty problems). The key holds, per tensor, its exact type, shape, strides, dtype and
+# device; the arguments, accepted only as ints, strings or tuples/lists of ints (a float, bool or odd sequence
+# takes the slow path, so equal-but-different values never share an entry); the backend request; and
+# plan.call_state() (PORTCONV_* variables, use_backend, tune, the torch flags ATen's route and the checks read).
+# Only calls that passed validation are stored, so bad input always reaches the checks and raises PyTorch's error
+# before any kernel runs. What is not in the key is checked on every call: grad mode and requires_grad.
+_fast: dict[tuple, tuple] = {}
+_FAST_MAX = 4096
+_torch = None  # the torch module once it is imported (portconv never imports it for pyopencl/cupy arrays)
+_tensor_types: tuple = ()
+_strided = None
+_clear_hooks.append(_fast.clear)
+
+
+def _arg(v):
+    t = type(v)
+    if t is int or t is str:
+        return v
+    if t is bool:
+        return bool, v  # True == 1: kept apart from the ints
+    if (t is tuple or t is list) and all(type(e) is int for e in v):
+        return tuple(v)
+    raise TypeError  # not cacheable: the slow path decides
+
+
+def _fast_key(name: str, input, weight, bias, args: tuple, backend) -> tuple | None:
+    """Note [fast path]: the cache key of one call, or None when the call cannot use the cache."""
+    global _torch, _tensor_types, _strided
+    if _torch is None:
+        _torch = sys.modules.get("torch")
+        if _torch is None:
+            return None
+        _tensor_types, _strided = (_torch.Tensor, _torch.nn.Parameter), _torch.strided
+    tt = _tensor_types
+    if type(input) not in tt or type(weight) not in tt or not (
+            backend is None or type(backend) is str or type(backend) is BackendId):
+        return None
+    try:
+        if input.layout is not _strided or weight.layout is not _strided:
+            return None  # sparse or mkldnn tensors: the slow path decides
+        if bias is None:
+            b = None
+        elif type(bias) in tt and bias.layout is _strided:
+            b = (type(bias), bias.shape, bias.stride(), bias.dtype, bias.device)
+        else:
+            return None
+        for v in args:
+            if type(v) is not int:
+                args = tuple(_arg(v) for v in args)
+                break
+        dev = input.device
+        return (name, type(input), input.shape, input.stride(), input.dtype, dev, type(weight), weight.shape,
+                weight.stride(), weight.dtype, weight.device, b, args, backend, call_state(dev.type))
+    except (TypeError, RuntimeError):  # not a strided tensor (sparse, mkldnn), or an argument the cache cannot key
+        return None
+
+
+def _hit(hit, input, weight, bias):
+    """Run a cached call: the plan (None: ATen's Empty problem), autograd when a gradient is wanted."""
+    p, params = hit[0], hit[1]
+    if p is None:
+        return validate.empty_forward(input, weight, bias, params)
+    if _torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad
+                                     or (bias is not None and bias.requires_grad)):
+        from .autograd import ConvFunction
+
+        return ConvFunction.apply(input, weight, bias, p)
+    return p.impl.forward(p, input, weight, bias)
+
+
+def _remember(key, value) -> None:
+    if key is not None:
+        if len(_fast) >= _FAST_MAX:
+            _fast.clear()
+        _fast[key] = value
+
+
+def _prepare(input, weight, bias, params: ConvParams, backend, state=None) -> Plan | None:
+    """Validate and plan one batched call; None for ATen's Empty problems (no kernel runs)."""
     problem = make_problem(input, weight, bias, params)
     if validate.is_empty_problem(problem):
+        return None
+    return select(problem, backend, state)
+
+
+def _execute(p: Plan | None, input, weight, bias, params: ConvParams):
+    if p is None:
         return validate.empty_forward(input, weight, bias, params)
-    p = select(problem, backend)
     if _is_torch(input):
         import torch
 
-        from .autograd import ConvFunction
+        if torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad
+                                        or (bias is not None and bias.requires_grad)):
+            from .autograd import ConvFunction
 
-        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (input, weight, bias)):
             return ConvFunction.apply(input, weight, bias, p)
     return p.forward(input, weight, bias)
+
+
+def _run(input, weight, bias, params: ConvParams, backend):
+    return _execute(_prepare(input, weight, bias, params, backend), input, weight, bias, params)
 
 
 def convolution(input, weight, bias=None, stride: Sequence[int] = (1,), padding: Sequence[int] = (0,),
                 dilation: Sequence[int] = (1,), transposed: bool = False, output_padding: Sequence[int] = (0,),
                 groups: int = 1, backend=None):
     """``aten::convolution`` semantics (batched input, explicit parameters), on the chosen backend."""
+    key = _fast_key("convolution", input, weight, bias, (stride, padding, dilation, transposed, output_padding,
+                                                          groups), backend)
+    hit = None if key is None else _fast.get(key)
+    if hit is not None:  # Note [fast path]
+        return _hit(hit, input, weight, bias)
     params = _params(weight, stride, padding, dilation, transposed, output_padding, groups)
-    return _run(input, weight, bias, params, backend)
+    p = _prepare(input, weight, bias, params, backend, None if key is None else key[-1])
+    _remember(key, (p, params))
+    return _execute(p, input, weight, bias, params)
 
 
 def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
@@ -79,6 +177,12 @@ def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding
 
 def _convnd(rank: int, name: str, input, weight, bias, stride, padding, dilation, groups, backend,
             transposed=False, output_padding=0):
+    key = _fast_key(name, input, weight, bias, (stride, padding, dilation, groups, output_padding), backend)
+    hit = None if key is None else _fast.get(key)
+    if hit is not None:  # Note [fast path]
+        if hit[2]:
+            return _hit(hit, input, weight, bias)
+        return _hit(hit, input[None], weight, bias)[0]
     if not transposed and not isinstance(padding, str):  # conv1d/2d/3d check the bias dtype first
         validate.check_functional_bias(spec_of(input), None if bias is None else spec_of(bias))
     is_batched = validate.batchify(spec_of(input), rank, name)
@@ -86,7 +190,9 @@ def _convnd(rank: int, name: str, input, weight, bias, stride, padding, dilation
         input = input[None]
     params = ConvParams.make(rank, stride, padding, dilation, transposed, output_padding, groups,
                              weight_shape=spec_of(weight).shape, input_shape=spec_of(input).shape)
-    out = _run(input, weight, bias, params, backend)
+    p = _prepare(input, weight, bias, params, backend, None if key is None else key[-1])
+    _remember(key, (p, params, is_batched))
+    out = _execute(p, input, weight, bias, params)
     return out if is_batched else out[0]
 
 

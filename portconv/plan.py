@@ -4,23 +4,29 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import os
+import sys
 import threading
+from collections.abc import Callable
 
 from . import backends as _backends
 from . import knobs
 from .backends import BackendId, Choice, Problem
 from .device import DeviceInfo
-from .errors import BackendUnavailable, Unsupported
+from .errors import BackendUnavailable, ConvError, Unsupported
 
 # Preference order per place the tensors live. Each backend may still reject a problem, with its reason.
+# Torch tensors on a CUDA/ROCm GPU follow the ATen model instead (Note [default plan on GPUs]); this order is their
+# last resort and the order for cupy arrays.
 _ORDER = {
     "pyopencl": (BackendId.OPENCL,),
-    "cpu": (BackendId.OPENCL, BackendId.ATEN),
+    "cpu": (BackendId.OPENCL, BackendId.ATEN),  # the OpenCL kernel set is the project's CPU path by design
     "cuda": (BackendId.CUDNN, BackendId.CUDA, BackendId.MIOPEN, BackendId.HIP, BackendId.ATEN),
 }
 _DEFAULT_ORDER = (BackendId.ATEN,)
 
 _forced: contextvars.ContextVar[BackendId | None] = contextvars.ContextVar("portconv_forced", default=None)
+_tuning: contextvars.ContextVar[bool | None] = contextvars.ContextVar("portconv_tuning", default=None)
 
 
 @contextlib.contextmanager
@@ -31,6 +37,12 @@ def use_backend(name: str | BackendId | None):
         yield
     finally:
         _forced.reset(token)
+
+
+def tuning() -> bool:
+    """Is tuning on: portconv.tune() in this context, else PORTCONV_TUNE."""
+    on = _tuning.get()
+    return knobs.tune() if on is None else on
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,10 +56,15 @@ class Plan:
     math: str = "ieee"
     rejected: tuple[tuple[str, str], ...] = ()
     forced: bool = False
+    # Per-plan memo for the backend's hot path (precomputed call arguments); not part of the plan's identity.
+    state: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @property
     def impl(self) -> _backends.Backend:
-        return _backends.get(self.backend)
+        impl = self.state.get("impl")
+        if impl is None:
+            impl = self.state["impl"] = _backends.get(self.backend)
+        return impl
 
     def forward(self, input, weight, bias=None):
         return self.impl.forward(self, input, weight, bias)
@@ -82,6 +99,75 @@ def candidates(problem: Problem) -> tuple[BackendId, ...]:
     return _ORDER.get(key, _DEFAULT_ORDER)
 
 
+# Note [default plan on GPUs]
+# For torch tensors on a CUDA (or ROCm) GPU the automatic plan asks the ATen model (portconv.rules) where PyTorch
+# itself would send the problem and its gradients. If that is the vendor library (cuDNN, or MIOpen on ROCm), the
+# cudnn/miopen backend makes that same library call. Otherwise PyTorch runs a native kernel of its own
+# (CudaDepthwise2d/3d, the Slow* fallbacks) and the aten backend runs exactly that: forcing cuDNN there was the old
+# default and measured 0.18x PyTorch on dw3d-3x3x3 and 0.46x-0.65x on the small mbv2 depthwise rows
+# (docs/performance/h200-2026-11-22). portconv's own kernels replace ATen's choice only where OWN_KERNEL_WINS has a
+# row for the problem class, each with its measured evidence. portconv.tune() times all candidates instead.
+EVIDENCE = "docs/performance/h200-2026-11-22"
+_VENDOR_NAMES = {BackendId.CUDNN: ("Cudnn", "CudnnTranspose"),
+                 BackendId.MIOPEN: ("Miopen", "MiopenTranspose", "MiopenDepthwise")}
+# What forcing the vendor library measured where ATen runs a native kernel (the old default did that).
+_NATIVE_EVIDENCE = {
+    "CudaDepthwise3d": "forcing cuDNN here measured 0.18x PyTorch on dw3d-3x3x3 (forward + both gradients)",
+    "CudaDepthwise2d": ("forcing cuDNN here measured 0.46x-1.32x PyTorch over the mbv2-dw3x3* rows (forward + both "
+                        "gradients, the gradients on channels-last copies): a loss on mbv2-dw3x3-s2, -last and -b1"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class OwnKernelWin:
+    """A problem class where portconv's own kernels (backend) beat what ATen runs (one of ``replaces``)."""
+
+    backend: BackendId  # BackendId.CUDA on NVIDIA, BackendId.HIP on ROCm
+    replaces: tuple[str, ...]  # ATen ConvBackend names, e.g. ('CudaDepthwise2d',)
+    applies: Callable[[Problem], bool]  # pure predicate on the problem
+    what: str  # the class in words
+    evidence: str  # the measured speed-up and where it is recorded
+
+
+# Empty until a benchmark shows a win on a whole class (issue 5 target 1 owns the depthwise kernels): the first H200
+# run measured portconv's cuda kernels at 0.38x-0.62x PyTorch (forward + both gradients) on every depthwise row.
+OWN_KERNEL_WINS: tuple[OwnKernelWin, ...] = ()
+
+
+def gpu_policy(problem: Problem, ctx, wins: tuple[OwnKernelWin, ...] | None = None
+               ) -> tuple[tuple[tuple[BackendId, str], ...], tuple[tuple[BackendId, str], ...]]:
+    """The default plan for torch tensors on a GPU, pure: ((backend, why preferred), ...) in order, and
+    ((backend, why not preferred), ...) for the others. ``ctx`` is a portconv.rules.TorchContext."""
+    from .rules import aten_answer
+
+    wins = OWN_KERNEL_WINS if wins is None else wins
+    lib = BackendId.MIOPEN if ctx.is_hip else BackendId.CUDNN
+    own = BackendId.HIP if ctx.is_hip else BackendId.CUDA
+    lib_label = "MIOpen" if ctx.is_hip else "cuDNN"
+    try:
+        fwd = aten_answer(problem, ctx)[0]
+        bwd = aten_answer(problem, ctx, need_backward=True)[0]
+    except ConvError as e:
+        return ((BackendId.ATEN, f"ATen refuses this problem ({e})"),), ()
+    routed = fwd if fwd == bwd else f"{fwd} (gradients: {bwd})"
+    for win in wins:
+        if win.backend == own and fwd in win.replaces and win.applies(problem):
+            why = f"OWN_KERNEL_WINS: {win.what}: {win.evidence}"
+            prefer = ((own, f"{why}; ATen would run {routed}"), (BackendId.ATEN, f"fallback: ATen runs it as {routed}"))
+            return prefer, ((lib, f"OWN_KERNEL_WINS row '{win.what}' prefers portconv's {own} kernels"),)
+    if fwd in _VENDOR_NAMES[lib] and bwd in _VENDOR_NAMES[lib]:
+        why = (f"ATen routes this problem and its gradients to {lib_label} ({routed}): the {lib} backend makes the "
+               "same library call")
+        return ((lib, why), (BackendId.ATEN, f"fallback: ATen runs it as {routed}")), \
+            ((own, f"ATen routes it to {lib_label} and OWN_KERNEL_WINS has no row for it"),)
+    evidence = _NATIVE_EVIDENCE.get(fwd)
+    why = f"ATen routes this problem{' and its gradients' if fwd == bwd else ''} to {routed}, not {lib_label}"
+    if evidence:
+        why += f"; {evidence} ({EVIDENCE})"
+    return ((BackendId.ATEN, f"{why}: the aten backend runs PyTorch's own kernel"),), \
+        ((lib, why), (own, f"{why}; OWN_KERNEL_WINS has no row for it"))
+
+
 def _try(bid: BackendId, problem: Problem) -> tuple[DeviceInfo, Choice]:
     impl = _backends.get(bid)
     avail = impl.probe()
@@ -93,27 +179,69 @@ def _try(bid: BackendId, problem: Problem) -> tuple[DeviceInfo, Choice]:
 
 _cache: dict[tuple, Plan] = {}
 _cache_lock = threading.Lock()
+_clear_hooks: list[Callable[[], None]] = []  # other caches keyed on plans (functional's fast path)
 
 
 def clear_cache() -> None:
     with _cache_lock:
         _cache.clear()
+    for hook in _clear_hooks:
+        hook()
 
 
-def select(problem: Problem, backend: str | BackendId | None = None) -> Plan:
-    """Pick a backend for ``problem``. Explicit ``backend`` > use_backend() > PORTCONV_BACKEND > automatic."""
+# Note [call state]
+# Everything outside the tensors and arguments that can change a plan or the checks before it: the PORTCONV_*
+# variables, use_backend(), tune(), and the torch flags that ATen's selection and validation read (cuDNN on/off,
+# determinism, TF32 precision, the depthwise-kernel switch; oneDNN/NNPACK and the thread count on the CPU). It is
+# part of every plan-cache key, and is cheap (~1 us): os.environ's raw mapping, torch._C getters.
+_ENV_NAMES = ("PORTCONV_BACKEND", "PORTCONV_DISABLE", "PORTCONV_OPENCL_DEVICE", "PORTCONV_TUNE", "PORTCONV_CACHE_DIR")
+try:  # CPython's os.environ keeps the raw mapping (updated in place by os.environ[...] = ..., monkeypatch.setenv)
+    _env_get, _env_keys = os.environ._data.get, tuple(os.environ.encodekey(n) for n in _ENV_NAMES)  # type: ignore
+except AttributeError:
+    _env_get, _env_keys = os.environ.get, _ENV_NAMES
+
+
+def torch_flags(device_type: str) -> tuple:
+    """The torch flags that decide ATen's route (and portconv's checks) for tensors on ``device_type``."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return ()
+    c = torch._C
+    if device_type == "cuda":
+        get = getattr(c, "_get_fp32_precision_getter", None)
+        tf32 = ((get("cuda", "conv"), get("cuda", "all"), get("generic", "all")) if get is not None
+                else c._get_cudnn_allow_tf32())
+        kernel = getattr(c, "_get_cudnn_depthwise_kernel", None)
+        return (c._get_cudnn_enabled(), c._get_cudnn_deterministic(), c._get_cudnn_benchmark(),
+                c._get_deterministic_algorithms(), tf32, kernel() if kernel is not None else "auto")
+    return c._get_mkldnn_enabled(), c._get_nnpack_enabled(), torch.get_num_threads()
+
+
+def call_state(device_type: str) -> tuple:
+    """Note [call state] for one call on ``device_type``."""
+    return tuple(map(_env_get, _env_keys)), _forced.get(), _tuning.get(), torch_flags(device_type)
+
+
+def select(problem: Problem, backend: str | BackendId | None = None, state: tuple | None = None) -> Plan:
+    """Pick a backend for ``problem``. Explicit ``backend`` > use_backend() > PORTCONV_BACKEND > automatic.
+
+    ``state``: call_state() when the caller already has it.
+    """
     forced = backend if backend is not None else (_forced.get() or knobs.backend())
     forced_id = None if forced in (None, "auto") else BackendId.parse(forced)
-    disabled = knobs.disabled()
-    key = (problem, forced_id, disabled, knobs.get("PORTCONV_OPENCL_DEVICE"))
+    key = (problem, forced_id, call_state(problem.input.device_type) if state is None else state)
     with _cache_lock:
         hit = _cache.get(key)
     if hit is not None:
         return hit
-    plan = _select(problem, forced_id, disabled)
+    plan = _select(problem, forced_id, knobs.disabled())
     with _cache_lock:
         _cache[key] = plan
     return plan
+
+
+def _gpu_torch(problem: Problem) -> bool:
+    return problem.input.kind == "torch" and problem.input.device_type == "cuda"
 
 
 def _select(problem: Problem, forced_id: BackendId | None, disabled: frozenset[str]) -> Plan:
@@ -124,19 +252,56 @@ def _select(problem: Problem, forced_id: BackendId | None, disabled: frozenset[s
             raise BackendUnavailable(f"backend '{forced_id}' was requested but cannot run this problem: "
                                      f"{e.reason}\n  problem: {problem.describe()}") from None
         return _plan(problem, forced_id, device, choice, (), True)
+    if tuning():
+        from .tune import select_tuned
+
+        return select_tuned(problem, disabled)
+    if _gpu_torch(problem):
+        from .rules import TorchContext
+
+        prefer, passed = gpu_policy(problem, TorchContext.from_torch(problem.input.device))
+    else:
+        prefer, passed = tuple((b, "") for b in candidates(problem)), ()
     rejected: list[tuple[str, str]] = []
+    for bid, why in prefer:
+        plan = _attempt(problem, bid, why, disabled, rejected)
+        if plan is not None:
+            return dataclasses.replace(plan, rejected=_dedup(rejected + [(b.value, f"not preferred: {w}")
+                                                                         for b, w in passed]))
+    # The preferred backends cannot run it: the others, in the place's order, as the last resort.
+    tried = {b for b, _ in prefer}
     for bid in candidates(problem):
-        if bid.value in disabled:
-            rejected.append((bid.value, "disabled by PORTCONV_DISABLE"))
+        if bid in tried:
             continue
-        try:
-            device, choice = _try(bid, problem)
-        except Unsupported as e:
-            rejected.append((bid.value, e.reason))
-            continue
-        return _plan(problem, bid, device, choice, tuple(rejected), False)
-    reasons = "\n".join(f"  {b}: {why}" for b, why in rejected)
+        plan = _attempt(problem, bid, "last resort: the preferred backends cannot run it", disabled, rejected)
+        if plan is not None:
+            return plan
+    reasons = "\n".join(f"  {b}: {why}" for b, why in _dedup(rejected))
     raise BackendUnavailable(f"no portconv backend can run this problem ({problem.describe()}):\n{reasons}")
+
+
+def _attempt(problem: Problem, bid: BackendId, why: str, disabled, rejected: list) -> Plan | None:
+    """A plan on ``bid`` (its reason prefixed with ``why``), or None with the reason appended to ``rejected``."""
+    if bid.value in disabled:
+        rejected.append((bid.value, "disabled by PORTCONV_DISABLE"))
+        return None
+    try:
+        device, choice = _try(bid, problem)
+    except Unsupported as e:
+        rejected.append((bid.value, e.reason))
+        return None
+    if why:
+        choice = dataclasses.replace(choice, reason=f"{why}; {choice.reason}")
+    return _plan(problem, bid, device, choice, tuple(_dedup(rejected)), False)
+
+
+def _dedup(rejected) -> tuple[tuple[str, str], ...]:
+    seen, out = set(), []
+    for b, why in rejected:
+        if (b, why) not in seen:
+            seen.add((b, why))
+            out.append((b, why))
+    return tuple(out)
 
 
 def _plan(problem, bid, device, choice: Choice, rejected, forced) -> Plan:

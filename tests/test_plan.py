@@ -1,0 +1,259 @@
+"""The default plan: the GPU policy on recorded TorchContexts, the CPU order, and the per-call fast path."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import portconv
+from portconv import functional
+from portconv.backends import BackendId, Problem
+from portconv.backends.aten import AtenBackend
+from portconv.params import ConvParams
+from portconv.plan import EVIDENCE, OwnKernelWin, clear_cache, gpu_policy, use_backend
+from portconv.rules import TorchContext
+from portconv.tensors import TensorSpec, dense_strides
+
+# What TorchContext.from_torch read on the H200 of docs/performance/h200-2026-11-22 (torch 2.11, cuDNN 9.19).
+H200 = TorchContext(device_type="cuda", torch_version="2.11.0+cu130", has_cudnn=True, cudnn_version=91900,
+                    gpu_arch="sm_90", num_threads=16, mkldnn_bf16=True)
+MI300 = TorchContext(device_type="cuda", torch_version="2.13.0+rocm7.0", is_hip=True, miopen_version=30500,
+                     gpu_arch="gfx942", miopen_nhwc_default=True)
+
+
+def _problem(ishape, wshape, dtype="float32", fmt="contiguous", bias=False, **kw) -> Problem:
+    rank = len(wshape) - 2
+    p = ConvParams.make(rank, weight_shape=wshape, input_shape=ishape, **kw)
+
+    def spec(s):
+        return TensorSpec(tuple(s), dense_strides(s, fmt if len(s) > 3 else "contiguous"), dtype, "cuda", 0)
+
+    return Problem(p, spec(ishape), spec(wshape), bias)
+
+
+def _first(problem, ctx=H200, wins=None):
+    prefer, passed = gpu_policy(problem, ctx, wins)
+    return prefer[0][0], prefer[0][1], dict(passed), prefer
+
+
+# --- the GPU policy (pure: recorded contexts, no GPU) ---------------------------------------------------------------
+def test_depthwise_3d_goes_to_atens_own_kernel_with_the_evidence():
+    bid, why, passed, _ = _first(_problem((2, 48, 8, 28, 28), (48, 1, 3, 3, 3), padding=1, groups=48))
+    assert bid == BackendId.ATEN
+    assert "CudaDepthwise3d" in why and "0.18x" in why and EVIDENCE in why
+    assert BackendId.CUDNN in passed and "CudaDepthwise3d" in passed[BackendId.CUDNN]
+    assert "OWN_KERNEL_WINS" in passed[BackendId.CUDA]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_depthwise_2d_goes_to_aten_unless_atens_rules_pick_cudnn(dtype):
+    bid, why, _, _ = _first(_problem((32, 144, 56, 56), (144, 1, 3, 3), dtype, padding=1, groups=144))
+    assert bid == BackendId.ATEN and "CudaDepthwise2d" in why and EVIDENCE in why
+
+
+def test_depthwise_that_aten_sends_to_cudnn_goes_to_cudnn():
+    # float16 contiguous, stride 1, >= 32 channels: ATen's fp16 depthwise heuristic; channels-last: always cuDNN
+    half = _problem((32, 144, 56, 56), (144, 1, 3, 3), "float16", padding=1, groups=144)
+    chlast = _problem((32, 144, 56, 56), (144, 1, 3, 3), "float32", "channels_last", padding=1, groups=144)
+    for pr in (half, chlast):
+        bid, why, passed, prefer = _first(pr)
+        assert bid == BackendId.CUDNN and "ATen routes this problem and its gradients to cuDNN (Cudnn)" in why
+        assert prefer[1][0] == BackendId.ATEN and BackendId.CUDA in passed
+
+
+@pytest.mark.parametrize("case,algo", [
+    (dict(ishape=(32, 64, 56, 56), wshape=(64, 64, 3, 3), padding=1), "Cudnn"),
+    (dict(ishape=(32, 256, 56, 56), wshape=(64, 256, 1, 1)), "Cudnn"),
+    (dict(ishape=(8, 64, 28, 28), wshape=(128, 2, 3, 3), padding=1, groups=32), "Cudnn"),  # resnext: grouped
+    (dict(ishape=(16, 512, 4, 4), wshape=(512, 256, 4, 4), stride=2, padding=1, transposed=True), "CudnnTranspose"),
+    (dict(ishape=(4, 512, 1000), wshape=(512, 512, 3), stride=2), "Cudnn"),  # conv1d
+])
+def test_dense_problems_go_to_cudnn(case, algo):
+    bid, why, passed, _ = _first(_problem(**case))
+    assert bid == BackendId.CUDNN and f"cuDNN ({algo})" in why
+    assert _first(_problem(dtype="bfloat16", **case))[0] == BackendId.CUDNN
+
+
+def test_when_aten_cannot_use_cudnn_the_plan_is_aten():
+    dense = _problem((2, 8, 16, 16), (8, 8, 3, 3), padding=1)
+    bid, why, passed, _ = _first(dense, H200.replace(cudnn_enabled=False))
+    assert bid == BackendId.ATEN and "Slow2d" in why
+    big_op = _problem((2, 8, 5, 5), (8, 8, 3, 3), stride=2, transposed=True, output_padding=2, dilation=3)
+    bid, why, _, _ = _first(big_op)
+    assert bid == BackendId.ATEN and "SlowTranspose2d" in why
+    bf16_on_volta = _first(_problem((2, 8, 16, 16), (8, 8, 3, 3), "bfloat16"), H200.replace(gpu_arch="sm_70"))
+    assert bf16_on_volta[0] == BackendId.ATEN
+
+
+def test_rocm_routes_to_miopen_or_aten():
+    dense = _first(_problem((2, 8, 16, 16), (8, 8, 3, 3), padding=1), MI300)
+    assert dense[0] == BackendId.MIOPEN and "MIOpen (Miopen)" in dense[1]
+    dw = _first(_problem((2, 8, 16, 16), (8, 1, 3, 3), padding=1, groups=8), MI300)
+    assert dw[0] == BackendId.MIOPEN and "MiopenDepthwise" in dw[1]
+    f64 = _first(_problem((2, 8, 16, 16), (8, 8, 3, 3), "float64", padding=1), MI300)
+    assert f64[0] == BackendId.ATEN and BackendId.HIP in f64[2]
+
+
+def test_own_kernel_table_rows_apply_only_to_their_class():
+    row = OwnKernelWin(BackendId.CUDA, ("CudaDepthwise2d",), lambda pr: pr.params.stride == (1, 1),
+                       "2-d depthwise, stride 1", "1.5x PyTorch on a test row (nowhere: a test)")
+    s1 = _problem((32, 144, 56, 56), (144, 1, 3, 3), padding=1, groups=144)
+    bid, why, passed, prefer = _first(s1, wins=(row,))
+    assert bid == BackendId.CUDA and "OWN_KERNEL_WINS: 2-d depthwise, stride 1: 1.5x" in why
+    assert prefer[1][0] == BackendId.ATEN and "CudaDepthwise2d" in prefer[1][1]
+    s2 = _problem((32, 144, 56, 56), (144, 1, 3, 3), padding=1, stride=2, groups=144)
+    assert _first(s2, wins=(row,))[0] == BackendId.ATEN
+    dense = _problem((2, 8, 16, 16), (8, 8, 3, 3), padding=1)
+    assert _first(dense, wins=(row,))[0] == BackendId.CUDNN  # the row replaces CudaDepthwise2d only
+    assert _first(s1, MI300, wins=(row,))[0] == BackendId.MIOPEN  # a cuda row says nothing on ROCm
+
+
+# --- the CPU order -------------------------------------------------------------------------------------------------
+@pytest.fixture
+def fresh(monkeypatch):
+    for name in ("PORTCONV_BACKEND", "PORTCONV_DISABLE", "PORTCONV_TUNE"):
+        monkeypatch.delenv(name, raising=False)
+    clear_cache()
+    yield
+    clear_cache()
+
+
+def test_cpu_keeps_opencl_first_and_records_rejections(fresh, monkeypatch, requested_backends):
+    x, w = torch.randn(2, 4, 8, 8), torch.randn(4, 4, 3, 3)
+    if "opencl" in requested_backends:
+        pl = portconv.plan(x, w, padding=1)
+        assert pl.backend == BackendId.OPENCL and pl.rejected == ()
+    monkeypatch.setenv("PORTCONV_DISABLE", "opencl")
+    pl = portconv.plan(x, w, padding=1)
+    assert pl.backend == BackendId.ATEN and ("opencl", "disabled by PORTCONV_DISABLE") in pl.rejected
+
+
+# --- the fast path -------------------------------------------------------------------------------------------------
+def _count(monkeypatch, cls, name="forward"):
+    calls = []
+    orig = getattr(cls, name)
+
+    def spy(self, *a, **k):
+        calls.append(a)
+        return orig(self, *a, **k)
+
+    monkeypatch.setattr(cls, name, spy)
+    return calls
+
+
+def test_fast_path_skips_checks_and_planning_and_returns_the_same_plan(fresh, monkeypatch):
+    x, w, b = torch.randn(2, 4, 8, 8), torch.randn(6, 4, 3, 3), torch.randn(6)
+    want = F.conv2d(x, w, b, padding=1)
+
+    def conv():
+        return portconv.convolution(x, w, b, (1, 1), (1, 1), (1, 1), False, (0, 0), 1, backend="aten")
+
+    assert torch.equal(portconv.conv2d(x, w, b, padding=1, backend="aten"), want)
+    assert torch.allclose(portconv.conv2d(x[0], w, b, padding=1, backend="aten"), want[0], atol=1e-5)
+    assert torch.equal(conv(), want)
+
+    def again(*a, **k):
+        raise AssertionError("validated and planned again")
+
+    monkeypatch.setattr(functional, "make_problem", again)
+    monkeypatch.setattr(functional, "select", again)
+    for _ in range(3):
+        assert torch.equal(portconv.conv2d(x, w, b, padding=1, backend="aten"), want)
+        assert torch.allclose(portconv.conv2d(x[0], w, b, padding=1, backend="aten"), want[0], atol=1e-5)
+        assert torch.equal(conv(), want)
+    monkeypatch.undo()
+    hits = [v for k, v in functional._fast.items() if k[0] == "conv2d" and k[2] == x.shape]
+    assert len(hits) == 1 and hits[0][0] is portconv.plan(x, w, b, padding=1, backend="aten")
+
+
+def _torch_error(fn) -> str:
+    with pytest.raises(RuntimeError) as e:
+        fn()
+    return str(e.value)
+
+
+@pytest.mark.parametrize("bad", [
+    lambda x, w, b: (x[:, :3], w, b, {}),  # wrong channel count
+    lambda x, w, b: (x, w, b.double(), {}),  # bias dtype
+    lambda x, w, b: (x, w, b[:5], {}),  # bias size
+    lambda x, w, b: (x, w, b, {"groups": 3}),
+    lambda x, w, b: (x[:, :, :1, :1], w, b, {"padding": 0}),  # kernel larger than the input
+    lambda x, w, b: (x.double(), w, b, {}),  # input and weight types
+])
+def test_bad_input_raises_pytorchs_error_after_a_cached_call(fresh, monkeypatch, bad):
+    x, w, b = torch.randn(2, 4, 8, 8), torch.randn(6, 4, 3, 3), torch.randn(6)
+    portconv.conv2d(x, w, b, padding=1, backend="aten")
+    ran = _count(monkeypatch, AtenBackend)
+    bx, bw, bb, kw = bad(x, w, b)
+    kw = {"padding": 1, **kw}
+    want = _torch_error(lambda: F.conv2d(bx, bw, bb, **kw))
+    for _ in range(2):  # never cached: the second call is checked again
+        assert _torch_error(lambda: portconv.conv2d(bx, bw, bb, backend="aten", **kw)) == want
+    assert ran == []  # the checks came before any kernel
+
+
+def test_arguments_equal_in_value_but_not_in_type_do_not_share_an_entry(fresh):
+    x, w = torch.randn(2, 4, 8, 8), torch.randn(4, 4, 3, 3)
+    args = (1, 1, 1, 1, 0)
+    assert functional._fast_key("conv2d", x, w, None, args, "aten") != functional._fast_key(
+        "conv2d", x, w, None, (True, 1, 1, 1, 0), "aten")
+    assert functional._fast_key("conv2d", x, w, None, (1.0, 1, 1, 1, 0), "aten") is None
+    assert functional._fast_key("conv2d", x, w, None, ([1, 1], 1, 1, 1, 0), "aten") is not None
+    assert functional._fast_key("conv2d", x.to_sparse(), w, None, args, "aten") is None
+    assert functional._fast_key("conv2d", x, w, None, args, "aten") != functional._fast_key(
+        "conv2d", x.contiguous(memory_format=torch.channels_last), w, None, args, "aten")
+
+
+def test_cache_follows_knobs_use_backend_and_torch_flags(fresh, monkeypatch, requested_backends):
+    x, w = torch.randn(2, 4, 8, 8), torch.randn(4, 4, 3, 3)
+    aten = _count(monkeypatch, AtenBackend)
+    monkeypatch.setenv("PORTCONV_DISABLE", "opencl")
+    portconv.conv2d(x, w, padding=1)
+    assert len(aten) == 1
+    with use_backend("aten"):
+        portconv.conv2d(x, w, padding=1)
+    assert len(aten) == 2
+    if "opencl" in requested_backends:
+        monkeypatch.delenv("PORTCONV_DISABLE")
+        portconv.conv2d(x, w, padding=1)  # opencl again
+        assert len(aten) == 2
+        with use_backend("aten"):
+            portconv.conv2d(x, w, padding=1)
+        assert len(aten) == 3
+        monkeypatch.setenv("PORTCONV_BACKEND", "aten")
+        portconv.conv2d(x, w, padding=1)
+        assert len(aten) == 4
+    big = torch.randn(16, 8, 16, 16), torch.randn(8, 8, 5, 5)
+    assert portconv.plan(*big, padding=2, backend="aten").algorithm == "aten:Mkldnn"
+    monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
+    assert portconv.plan(*big, padding=2, backend="aten").algorithm != "aten:Mkldnn"
+    assert torch.allclose(portconv.conv2d(*big, padding=2, backend="aten"), F.conv2d(*big, padding=2), atol=1e-4)
+
+
+def test_grad_mode_is_decided_per_call(fresh):
+    x, w = torch.randn(2, 4, 8, 8), torch.randn(4, 4, 3, 3)
+    assert portconv.conv2d(x, w, padding=1, backend="aten").grad_fn is None
+    x.requires_grad_(True)
+    y = portconv.conv2d(x, w, padding=1, backend="aten")
+    assert y.grad_fn is not None
+    y.sum().backward()
+    xr = x.detach().requires_grad_(True)
+    F.conv2d(xr, w, padding=1).sum().backward()
+    assert torch.allclose(x.grad, xr.grad, atol=1e-5)
+    with torch.no_grad():
+        assert portconv.conv2d(x, w, padding=1, backend="aten").grad_fn is None
+
+
+def test_empty_batches_use_the_cache_and_stay_empty(fresh):
+    x, w = torch.randn(0, 4, 8, 8), torch.randn(6, 4, 3, 3)
+    for _ in range(2):
+        y = portconv.conv2d(x, w, padding=1, backend="aten")
+        assert y.shape == F.conv2d(x, w, padding=1).shape
+    assert any(k[0] == "conv2d" and v[0] is None for k, v in functional._fast.items())
+
+
+def test_clear_cache_clears_the_fast_path(fresh):
+    portconv.conv2d(torch.randn(1, 2, 5, 5), torch.randn(2, 2, 3, 3), backend="aten")
+    assert functional._fast
+    clear_cache()
+    assert not functional._fast
