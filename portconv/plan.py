@@ -129,9 +129,28 @@ class OwnKernelWin:
     evidence: str  # the measured speed-up and where it is recorded
 
 
-# Empty until a benchmark shows a win on a whole class (issue 5 target 1 owns the depthwise kernels): the first H200
-# run measured portconv's cuda kernels at 0.38x-0.62x PyTorch (forward + both gradients) on every depthwise row.
-OWN_KERNEL_WINS: tuple[OwnKernelWin, ...] = ()
+def _large_dense_depthwise_3tap(problem: Problem) -> bool:
+    """Depthwise, NCHW/NCDHW-contiguous, every kernel dim 3, stride 1, dilation 1, at least 4M output elements."""
+    p, x = problem.params, problem.input
+    out = 1
+    for s in problem.output_shape:
+        out *= s
+    return (problem.is_depthwise and not p.transposed and x.memory_format == "contiguous" and x.is_contiguous()
+            and p.rank >= 2 and all(k == 3 for k in problem.weight.shape[2:]) and set(p.stride) == {1}
+            and set(p.dilation) == {1} and out >= 4 * 1024 * 1024)
+
+
+# Note [own kernel wins]: each row needs a measurement. The first H200 run measured the first depthwise kernels at
+# 0.38x-0.62x PyTorch; the 'rows' kernels (cuda/conv_depthwise_rows.cuh) then measured, in kernel time,
+# 2.60x (mbv2-dw3x3), 2.36x (mbv2-dw3x3-bf16) and 2.70x (dw3d-3x3x3) PyTorch for forward + both gradients
+# (docs/performance/NOTES.md). Small problems (mbv2-dw3x3-last, -b1) lose per call to host overhead, strided and
+# channels-last ones to ATen's kernels, so the row stops at 4M outputs, stride 1, NCHW.
+OWN_KERNEL_WINS: tuple[OwnKernelWin, ...] = (
+    OwnKernelWin(BackendId.CUDA, ("CudaDepthwise2d", "CudaDepthwise3d"), _large_dense_depthwise_3tap,
+                 "depthwise 3x3 / 3x3x3, stride 1, NCHW, >= 4M outputs",
+                 "portconv's depthwise rows kernels measured 2.4x-2.7x PyTorch (forward + both gradients, kernel "
+                 "time) on mbv2-dw3x3, mbv2-dw3x3-bf16 and dw3d-3x3x3 (docs/performance/NOTES.md)"),
+)
 
 
 def gpu_policy(problem: Problem, ctx, wins: tuple[OwnKernelWin, ...] | None = None

@@ -46,8 +46,20 @@ def test_depthwise_3d_goes_to_atens_own_kernel_with_the_evidence():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
-def test_depthwise_2d_goes_to_aten_unless_atens_rules_pick_cudnn(dtype):
-    bid, why, _, _ = _first(_problem((32, 144, 56, 56), (144, 1, 3, 3), dtype, padding=1, groups=144))
+def test_large_3x3_depthwise_goes_to_portconvs_kernels(dtype):
+    bid, why, _, prefer = _first(_problem((32, 144, 56, 56), (144, 1, 3, 3), dtype, padding=1, groups=144))
+    assert bid == BackendId.CUDA and "OWN_KERNEL_WINS" in why and "CudaDepthwise2d" in why
+    assert prefer[1][0] == BackendId.ATEN  # PyTorch's own kernel stays the fallback
+
+
+@pytest.mark.parametrize("case", [
+    dict(ishape=(32, 144, 56, 56), wshape=(144, 1, 3, 3), stride=2, padding=1, groups=144),  # mbv2-dw3x3-s2
+    dict(ishape=(32, 960, 7, 7), wshape=(960, 1, 3, 3), padding=1, groups=960),  # mbv2-dw3x3-last: small
+    dict(ishape=(1, 32, 112, 112), wshape=(32, 1, 3, 3), padding=1, groups=32),  # mbv2-dw3x3-b1: small
+    dict(ishape=(32, 144, 56, 56), wshape=(144, 1, 5, 5), padding=2, groups=144),  # 5x5: no row
+])
+def test_other_depthwise_goes_to_aten_with_evidence(case):
+    bid, why, _, _ = _first(_problem(dtype="float32", **case))
     assert bid == BackendId.ATEN and "CudaDepthwise2d" in why and EVIDENCE in why
 
 

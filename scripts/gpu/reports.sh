@@ -2,7 +2,7 @@
 # One device-machine call that produces the committed GPU evidence: tox -e cuda / hip / opencl (whole grid, four
 # dtypes), the JSON conformance reports of every GPU backend, compute-sanitizer on a subset, and `portconv explain`
 # for every suite row. Everything lands in $OUT/reports.tgz plus a summary; carry .whl (pyopencl + tox wheels).
-# Usage (repo root, on the device):  bash scripts/gpu/reports.sh [tox] [json] [sanitize] [explain]
+# Usage (repo root, on the device):  bash scripts/gpu/reports.sh [tox] [json] [sanitize] [explain] [plan] [bench]
 set -uo pipefail
 OUT=${OUT:-out}; R=/tmp/reports; mkdir -p "$OUT" "$R"
 steps=${*:-tox json sanitize explain}
@@ -53,6 +53,14 @@ if has explain; then
   done
 fi
 for p in "${pids[@]}"; do wait "$p"; echo "conform job rc=$?"; done
+if has plan; then  # the default-plan policy, tuning and fast path against a real GPU
+  timeout 120 python3 -m pytest -q -p no:cacheprovider --backend cudnn --backend cuda tests/test_plan.py \
+    tests/test_tune.py > "$R/pytest-plan-tune.txt" 2>&1; echo "== plan/tune tests rc=$?"; tail -2 "$R/pytest-plan-tune.txt"
+fi
+if has bench; then  # every suite row, every backend and PyTorch's variants; bench.json is rewritten after each row
+  PORTCONV_OPENCL_DEVICE=gpu timeout ${BENCH_TIMEOUT:-380} python3 -m portconv.bench --cell-seconds 2 --overhead \
+    --out "$OUT/bench" > "$R/bench.txt" 2>&1; echo "== bench rc=$?"; tail -40 "$R/bench.txt"
+fi
 for f in "$R"/tox-*.txt; do echo "== $f"; grep -E "^(FAILED|ERROR)" "$f" | cut -c1-220 | head -8; tail -2 "$f"; done
 for f in "$R"/sanitize-*.txt; do echo "== $f"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^rc=" "$f" | sort | uniq -c; done
 for f in "$R"/conform-*.txt; do echo "== $f"; tail -14 "$f"; done
