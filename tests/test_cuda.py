@@ -231,5 +231,6 @@ def test_profiler_sees_portconv_kernels(gpu):
         portconv.conv2d(x, w, b, padding=1, groups=16, backend="cuda").sum().backward()
         torch.cuda.synchronize(gpu)
     names = {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
-    assert {"portconv_depthwise_fwd", "portconv_depthwise_bwd_data"} <= names, sorted(names)
+    assert all(any(n == k or n.startswith(k + "_") for n in names)  # plain or a variant (_rows3s1 ...)
+               for k in ("portconv_depthwise_fwd", "portconv_depthwise_bwd_data")), sorted(names)
     assert not [n for n in names if re.search(r"cudnn|xmma|conv_depthwise[23]d", n, re.I)], sorted(names)

@@ -334,7 +334,8 @@ def test_plan_names_the_mode_and_the_hip_set_ran(gpu, tmp_path, monkeypatch):
         portconv.conv2d(x, w, b, padding=1, groups=16, backend="hip").sum().backward()
         torch.cuda.synchronize(gpu)
     names = {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
-    assert {"portconv_depthwise_fwd", "portconv_depthwise_bwd_data"} <= names, sorted(names)
+    assert all(any(n == k or n.startswith(k + "_") for n in names)  # plain or a variant (_rows3s1 ...)
+               for k in ("portconv_depthwise_fwd", "portconv_depthwise_bwd_data")), sorted(names)
     platform = "amd" if _on_amd() else "nvidia"
     assert list((tmp_path / f"hip-{platform}").glob("*.bin")), "no hip/ module was compiled into the cache"
     assert not (tmp_path / "cuda").exists(), "the cuda/ kernel set ran instead of hip/"
