@@ -152,18 +152,12 @@ def info_of_flat(flat: int) -> DeviceInfo:
 
 @dataclasses.dataclass
 class Desc:
-    """The host image of common.h's conv_desc (same field order); packed as int32, or int64 under IDX64."""
+    """The host image of common.h's conv_desc (same field order); packed as int32, or int64 under IDX64.
 
-    N: int
-    G: int
-    CX: int
-    CY: int
-    X: tuple[int, int, int]
-    Y: tuple[int, int, int]
-    K: tuple[int, int, int]
-    S: tuple[int, int, int]
-    P: tuple[int, int, int]
-    DL: tuple[int, int, int]
+    ``geo`` is the canonical convolution (opencl.Geometry: N, G, CX, CY, X, Y, K, S, P, DL); the rest are the
+    per-launch strides, offsets and sizes."""
+
+    geo: object
     xs: tuple[int, ...] = (0,) * 5
     ws: tuple[int, ...] = (0,) * 5
     ys: tuple[int, ...] = (0,) * 5
@@ -182,7 +176,8 @@ class Desc:
     def pack(self):
         import numpy as np
 
-        vals = [self.N, self.G, self.CX, self.CY, *self.X, *self.Y, *self.K, *self.S, *self.P, *self.DL,
+        g = self.geo
+        vals = [g.N, g.G, g.CX, g.CY, *g.X, *g.Y, *g.K, *g.S, *g.P, *g.DL,
                 *self.xs, *self.ws, *self.ys, self.xo, self.wo, self.yo, self.bo, self.bs, self.has_bias,
                 self.c_inner, self.total, self.red]
         return np.array(vals, dtype=np.int64 if self.idx64 else np.int32)

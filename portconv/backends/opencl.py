@@ -119,11 +119,8 @@ class _Call:
     def finish(self, out: rt.DevTensor, event):
         return self.rt.result(out, self.dtype, self.anchor, self.queue, event)
 
-    def _desc(self, total, **kw) -> rt.Desc:
-        g = self.geo
-        d = rt.Desc(g.N, g.G, g.CX, g.CY, g.X, g.Y, g.K, g.S, g.P, g.DL, total=total, **kw)
-        d.acc_bytes = 8 if self.dtype == "float64" else 4
-        return d
+    def _desc(self, total, geo=None, **kw) -> rt.Desc:
+        return rt.Desc(geo or self.geo, total=total, acc_bytes=8 if self.dtype == "float64" else 4, **kw)
 
     def _run(self, name, desc, tensors, args, local=None):
         if desc.total == 0:
@@ -166,8 +163,8 @@ class _Call:
         """b[c] = sum of t[:, c] (one work-group per channel)."""
         shape, strides = _five(t)
         red = shape[0] * math.prod(shape[2:])
-        d = self._desc(shape[1], ys=strides, yo=t.offset, bo=b.offset, bs=b.strides[0], red=red)
-        d.N, d.G, d.CY, d.Y = shape[0], 1, shape[1], tuple(shape[2:])
+        geo = dataclasses.replace(self.geo, N=shape[0], G=1, CY=shape[1], Y=tuple(shape[2:]))
+        d = self._desc(shape[1], geo, ys=strides, yo=t.offset, bo=b.offset, bs=b.strides[0], red=red)
         return self._run("bias_grad", d, (t, b), (t.buf, b.buf), _group_size(red))
 
 
