@@ -273,11 +273,29 @@ def cmd_conv(a) -> int:
                     print(f"  {r.message}")
             times = (f"{first:>11.3f}{median:>18.3f}" if a.time and i == 0 else "")
             print(f"{step if i == 0 else '':<12}{name:<13}{verdict:<8}{err:>11}{ratio:>10}{times}")
+    if a.time:
+        print(_compile_report())
     backend = a.backend or str(plan.backend)
     flags = case.cli_args(mask=bool(a.mask)) + ([] if a.mask or a.forw == 7 else ["-F", str(a.forw)])
     print(f"\nreproduce:\n  portconv conv {' '.join(flags)} --backend {backend} --dtype {a.dtype} --verify"
           f"\n\n{_indent(_python_snippet(case, a.dtype, backend))}")
     return status
+
+
+def _compile_report() -> str:
+    """What the first calls spent making kernels ready: NVRTC/hiprtc compiles or disk-cache reads (cuda, hip)."""
+    mod = sys.modules.get("portconv.backends._cupy")
+    events = mod.compile_events() if mod is not None else []
+    if not events:
+        return ("\nkernel compile: no run-time compile recorded in this process (OpenCL programs come from "
+                "pyopencl's cache or are built inside the 'first ms' above; aten/cudnn/miopen compile nothing)")
+    lines = ["\nkernel compile (first call; 'disk' = read back from PORTCONV_CACHE_DIR):"]
+    for e in events:
+        defs = " ".join(f"-D{k}={v}" for k, v in e.defines)
+        lines.append(f"  {e.entry:<16} {e.arch:<8} {e.how:<7} {e.seconds * 1e3:9.1f} ms  {defs}")
+    total = sum(e.seconds for e in events)
+    lines.append(f"  {len(events)} module(s), {total * 1e3:.1f} ms in all")
+    return "\n".join(lines)
 
 
 # --- portconv explain ------------------------------------------------------------------------------------------

@@ -149,3 +149,17 @@ def test_subprocess_devices_conv_conform():
     assert p.returncode == 0 and "PASS:" in p.stdout, p.stdout + p.stderr
     p = _sub("conform", "--backend", "nosuch")
     assert p.returncode != 0 and "nosuch" in p.stderr
+
+
+def test_time_reports_the_run_time_compiles(monkeypatch):
+    """`portconv conv --time` lists the NVRTC/hiprtc compiles (or disk reads) the first calls made."""
+    import portconv.backends._cupy as cp
+    from portconv.cli import _compile_report
+
+    monkeypatch.setattr(cp, "_events", [cp.CompileEvent("direct.cu", (("PC_DTYPE", "0"),), "sm_90", "nvrtc", 0.5, 0),
+                                        cp.CompileEvent("depthwise.cu", (), "sm_90", "disk", 0.01, 0)])
+    text = _compile_report()
+    assert "direct.cu" in text and "nvrtc" in text and "500.0 ms" in text and "disk" in text
+    assert "2 module(s), 510.0 ms in all" in text
+    monkeypatch.setattr(cp, "_events", [])
+    assert "no run-time compile recorded" in _compile_report()
