@@ -7,8 +7,9 @@ import re
 
 import pytest
 import torch
-import torch.nn.functional as F
 from conftest import require_backend
+from gpu_refs import assert_close, reference
+from gpu_refs import make as _make
 
 import portconv
 from portconv.backends import BackendId, Problem, cuda
@@ -19,9 +20,6 @@ from portconv.plan import Plan, clear_cache
 from portconv.tensors import TensorSpec, dense_strides, spec_of
 
 H100 = DeviceInfo(vendor="nvidia", kind="gpu", name="H100", arch="sm_90", compute_units=132, fp16=True, bf16=True)
-TOL = {torch.float64: 1e-10, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}  # relative L2 error
-
-
 def _spec(shape, dtype="float32", fmt="contiguous"):
     return TensorSpec(tuple(shape), dense_strides(shape, fmt), dtype, "cuda", 0, "torch")
 
@@ -85,25 +83,6 @@ def gpu(requested_backends, monkeypatch):
     return torch.device("cuda", torch.cuda.current_device())
 
 
-def reference(x, w, b, p: ConvParams, go):
-    x64, w64, b64, go64 = (None if t is None else t.detach().double().cpu() for t in (x, w, b, go))
-    xp = F.pad(x64, [v for e in reversed(p.padding_extra) for v in (0, e)]) if any(p.padding_extra) else x64
-    y = torch.ops.aten.convolution(xp, w64, b64, **p.as_aten())
-    gi, gw, gb = torch.ops.aten.convolution_backward(go64, xp, w64, [y.shape[1]], **p.as_aten(),
-                                                     output_mask=[True, True, b is not None])
-    if any(p.padding_extra):
-        gi = gi[(slice(None), slice(None)) + tuple(slice(0, s) for s in x.shape[2:])]
-    return y, gi, gw, gb
-
-
-def assert_close(got, ref, dtype, what):
-    got = torch.as_tensor(got).double().cpu()
-    assert tuple(got.shape) == tuple(ref.shape), what
-    assert torch.isfinite(got).all(), f"{what}: non-finite (unwritten) elements"
-    err = ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-    assert err < TOL[dtype], f"{what}: relative error {err:.3g}"
-
-
 GPU_CASES = [  # (input, weight, conv kwargs, layout)
     ((4, 16, 20, 20), (32, 16, 3, 3), dict(padding=1), "contig"),
     ((2, 24, 17, 15), (24, 1, 3, 3), dict(padding=1, stride=2, groups=24), "chlast"),
@@ -112,19 +91,6 @@ GPU_CASES = [  # (input, weight, conv kwargs, layout)
     ((2, 12, 9, 9), (12, 8, 4, 4), dict(stride=2, padding=1, output_padding=1, transposed=True), "contig"),
     ((3, 8, 40, 40), (16, 1, 5, 5), dict(padding=2, groups=8), "contig"),
 ]
-
-
-def _make(xs, ws, kw, layout, dtype, dev):
-    g = torch.Generator(device=dev).manual_seed(sum(xs) * 31 + sum(ws))
-    x = torch.randn(xs, generator=g, device=dev, dtype=torch.float32)
-    if layout == "chlast" and len(xs) in (4, 5):
-        x = x.contiguous(memory_format=torch.channels_last if len(xs) == 4 else torch.channels_last_3d)
-    if layout == "strided":
-        x = torch.randn(xs[:-1] + (2 * xs[-1],), generator=g, device=dev)[..., 1::2]
-    w = torch.randn(ws, generator=g, device=dev) / (ws[1] * max(ws[2], 1)) ** 0.5
-    p = ConvParams.make(len(xs) - 2, weight_shape=ws, **kw)
-    b = torch.randn((ws[1] * p.groups) if p.transposed else ws[0], generator=g, device=dev)
-    return x.to(dtype), w.to(dtype), b.to(dtype), p
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])

@@ -15,6 +15,7 @@ import zlib
 
 import pytest
 import torch
+from gpu_refs import reference
 
 from portconv.backends import BackendId, Problem, cuda
 from portconv.backends._cupy import inline_source
@@ -212,19 +213,6 @@ def _data(case: EmuCase, dtype):
     return x.to(dtype), w.to(dtype), b.to(dtype)
 
 
-def _reference(case, params, x, w, b, go, mask):
-    import torch.nn.functional as F
-
-    x64, w64, b64, go64 = (t.double() for t in (x, w, b, go))
-    xp = F.pad(x64, [v for e in reversed(params.padding_extra) for v in (0, e)]) if any(params.padding_extra) else x64
-    args = params.as_aten()
-    y = torch.ops.aten.convolution(xp, w64, b64, **args)
-    gi, gw, gb = torch.ops.aten.convolution_backward(go64, xp, w64, [b.shape[0]], **args, output_mask=list(mask))
-    if gi is not None and any(params.padding_extra):
-        gi = gi[(slice(None), slice(None)) + tuple(slice(0, s) for s in x.shape[2:])]
-    return y, gi, gw, gb
-
-
 @pytest.fixture(scope="module")
 def emu_backend():
     if shutil.which("g++") is None:
@@ -253,7 +241,7 @@ def test_bodies_on_cpu_match_pytorch(emu_backend, case, monkeypatch):
         go = torch.randn(problem.output_shape, dtype=torch.float64).to(dtype)
         algs = ["direct", "implicit_gemm"] + (["depthwise"] if problem.is_depthwise else [])
         assert choice.algorithm in algs
-        ref = _reference(case, params, x, w, b, go, (True, True, True))
+        ref = reference(x, w, b, params, go, (True, True, True))
         for alg in algs:
             plan = Plan(problem, BackendId.CUDA, alg, choice.memory_format, choice.reason, _DEVICE)
             y = emu_backend.forward(plan, x, w, b)

@@ -7,8 +7,9 @@ import types
 
 import pytest
 import torch
-import torch.nn.functional as F
 from conftest import require_backend
+from gpu_refs import TOL
+from gpu_refs import reference as _reference
 
 import portconv
 from portconv.backends import Problem, cudnn
@@ -132,7 +133,6 @@ CASES = [  # (input, weight, conv kwargs, layout)
     ((1, 4, 6, 7, 8), (6, 4, 3, 3, 3), dict(padding=1, stride=(1, 2, 2)), "contig"),
     ((2, 12, 9, 9), (12, 8, 4, 4), dict(stride=2, padding=1, output_padding=1, transposed=True), "contig"),
 ]
-TOL = {torch.float64: 1e-10, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 
 
 def _run(case, dtype, dev):
@@ -150,17 +150,6 @@ def _run(case, dtype, dev):
     go = torch.randn_like(y)
     grads = torch.autograd.grad(y, (x, w, b), go)
     return (x, w, b, p, go), (y, *grads)
-
-
-def _reference(x, w, b, p, go):
-    x64, w64, b64, go64 = (t.detach().double().cpu() for t in (x, w, b, go))
-    xp = F.pad(x64, [v for e in reversed(p.padding_extra) for v in (0, e)]) if any(p.padding_extra) else x64
-    y = torch.ops.aten.convolution(xp, w64, b64, **p.as_aten())
-    gi, gw, gb = torch.ops.aten.convolution_backward(go64, xp, w64, [b.shape[0]], **p.as_aten(),
-                                                     output_mask=[True, True, True])
-    if any(p.padding_extra):
-        gi = gi[(slice(None), slice(None)) + tuple(slice(0, s) for s in x.shape[2:])]
-    return y, gi, gw, gb
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])

@@ -14,8 +14,10 @@ import tempfile
 
 import pytest
 import torch
-import torch.nn.functional as F
 from conftest import require_backend
+from gpu_refs import assert_close as _assert_close
+from gpu_refs import make
+from gpu_refs import reference as _reference
 
 import portconv
 from portconv import backends
@@ -29,8 +31,6 @@ from portconv.tensors import TensorSpec, dense_strides, spec_of
 
 TESTS = pathlib.Path(__file__).resolve().parent
 ROOT = TESTS.parent
-TOL = {torch.float64: 1e-10, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}  # relative L2 error
-
 # Device descriptions typed in from the vendors' published specifications (no AMD GPU is reachable here).
 MI250X = DeviceInfo(vendor="amd", kind="gpu", name="AMD Instinct MI250X/MI250", arch="gfx90a", runtime="hip",
                     wavefront=64, compute_units=110, memory_bytes=64 * 2**30, local_mem_bytes=65536,
@@ -237,26 +237,6 @@ def _on_amd() -> bool:
     return bool(getattr(torch.version, "hip", None))
 
 
-def _reference(x, w, b, p: ConvParams, go):
-    x64, w64, b64, go64 = (None if t is None else t.detach().double().cpu() for t in (x, w, b, go))
-    xp = F.pad(x64, [v for e in reversed(p.padding_extra) for v in (0, e)]) if any(p.padding_extra) else x64
-    y = torch.ops.aten.convolution(xp, w64, b64, **p.as_aten())
-    gi, gw, gb = torch.ops.aten.convolution_backward(go64, xp, w64, [y.shape[1]], **p.as_aten(),
-                                                     output_mask=[True, True, b is not None])
-    if any(p.padding_extra):
-        gi = gi[(slice(None), slice(None)) + tuple(slice(0, s) for s in x.shape[2:])]
-    return y, gi, gw, gb
-
-
-def _assert_close(got, ref, dtype, what):
-    assert got is not None, f"{what}: missing"
-    got = torch.as_tensor(got).double().cpu()
-    assert tuple(got.shape) == tuple(ref.shape), f"{what}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
-    assert torch.isfinite(got).all(), f"{what}: non-finite (unwritten) elements"
-    err = ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-    assert err < TOL[dtype], f"{what}: relative error {err:.3g}"
-
-
 GPU_CASES = [  # (input, weight, conv kwargs, layout)
     ((4, 16, 20, 20), (32, 16, 3, 3), dict(padding=1), "contig"),
     ((2, 24, 17, 15), (24, 1, 3, 3), dict(padding=1, stride=2, groups=24), "chlast"),
@@ -266,19 +246,6 @@ GPU_CASES = [  # (input, weight, conv kwargs, layout)
     ((3, 8, 40, 40), (16, 1, 5, 5), dict(padding=2, groups=8), "contig"),
     ((4, 3, 5000), (4, 3, 1), dict(), "contig"),  # long reductions: split partial sums
 ]
-
-
-def _make(xs, ws, kw, layout, dtype, dev):
-    g = torch.Generator(device=dev).manual_seed(sum(xs) * 37 + sum(ws))
-    x = torch.randn(xs, generator=g, device=dev)
-    if layout == "chlast" and len(xs) in (4, 5):
-        x = x.contiguous(memory_format=torch.channels_last if len(xs) == 4 else torch.channels_last_3d)
-    if layout == "strided":
-        x = torch.randn(xs[:-1] + (2 * xs[-1],), generator=g, device=dev)[..., 1::2]
-    w = torch.randn(ws, generator=g, device=dev) / (ws[1] * max(ws[2], 1)) ** 0.5
-    p = ConvParams.make(len(xs) - 2, weight_shape=ws, **kw)
-    b = torch.randn((ws[1] * p.groups) if p.transposed else ws[0], generator=g, device=dev)
-    return x.to(dtype), w.to(dtype), b.to(dtype), p
 
 
 def _check_all_algorithms(be, dev, case, dtype):
@@ -377,3 +344,7 @@ def test_current_stream(gpu):
         y = portconv.conv2d(x, w, b, padding=1, backend="hip")
     side.synchronize()
     _assert_close(y, _reference(new, w, b, p, torch.zeros(y.shape))[0], torch.float32, "output on the side stream")
+
+
+def _make(xs, ws, kw, layout, dtype, dev):
+    return make(xs, ws, kw, layout, dtype, dev, seed_mult=37)
