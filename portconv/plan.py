@@ -102,7 +102,8 @@ def candidates(problem: Problem) -> tuple[BackendId, ...]:
 # Note [default plan on GPUs]
 # For torch tensors on a CUDA (or ROCm) GPU the automatic plan asks the ATen model (portconv.rules) where PyTorch
 # itself would send the problem and its gradients. If that is the vendor library (cuDNN, or MIOpen on ROCm), the
-# cudnn/miopen backend makes that same library call. Otherwise PyTorch runs a native kernel of its own
+# aten backend makes that same library call (Note [vendor library via ATen]), the cudnn/miopen backend is its
+# fallback. Otherwise PyTorch runs a native kernel of its own
 # (CudaDepthwise2d/3d, the Slow* fallbacks) and the aten backend runs exactly that: forcing cuDNN there was the old
 # default and measured 0.18x PyTorch on dw3d-3x3x3 and 0.46x-0.65x on the small mbv2 depthwise rows
 # (docs/performance/h200-2026-11-22). portconv's own kernels replace ATen's choice only where OWN_KERNEL_WINS has a
@@ -110,6 +111,11 @@ def candidates(problem: Problem) -> tuple[BackendId, ...]:
 EVIDENCE = "docs/performance/h200-2026-11-22"
 _VENDOR_NAMES = {BackendId.CUDNN: ("Cudnn", "CudnnTranspose"),
                  BackendId.MIOPEN: ("Miopen", "MiopenTranspose", "MiopenDepthwise")}
+# Note [vendor library via ATen]: where ATen itself sends a problem and its gradients to the vendor library, the
+# default plan is the aten backend: the same library call, made by ATen's C++ dispatch. The cudnn/miopen backends
+# make it from Python (argument checks, layout and TF32 decisions per call) and measured more host time per call.
+VENDOR_VIA_ATEN = ("the same library kernels with the least host work per call (H100, tiny conv2d, cached plan: "
+                   "aten +1.8 us, cudnn +9.7 us over F.conv2d; docs/performance/h100-2026-11-22)")
 # What forcing the vendor library measured where ATen runs a native kernel (the old default did that).
 _NATIVE_EVIDENCE = {
     "CudaDepthwise3d": "forcing cuDNN here measured 0.18x PyTorch on dw3d-3x3x3 (forward + both gradients)",
@@ -175,9 +181,9 @@ def gpu_policy(problem: Problem, ctx, wins: tuple[OwnKernelWin, ...] | None = No
             prefer = ((own, f"{why}; ATen would run {routed}"), (BackendId.ATEN, f"fallback: ATen runs it as {routed}"))
             return prefer, ((lib, f"OWN_KERNEL_WINS row '{win.what}' prefers portconv's {own} kernels"),)
     if fwd in _VENDOR_NAMES[lib] and bwd in _VENDOR_NAMES[lib]:
-        why = (f"ATen routes this problem and its gradients to {lib_label} ({routed}): the {lib} backend makes the "
-               "same library call")
-        return ((lib, why), (BackendId.ATEN, f"fallback: ATen runs it as {routed}")), \
+        why = (f"ATen routes this problem and its gradients to {lib_label} ({routed}): the aten backend makes that "
+               f"{lib_label} call through ATen's own dispatch, {VENDOR_VIA_ATEN}")
+        return ((BackendId.ATEN, why), (lib, f"fallback: the {lib} backend makes the same library call")), \
             ((own, f"ATen routes it to {lib_label} and OWN_KERNEL_WINS has no row for it"),)
     evidence = _NATIVE_EVIDENCE.get(fwd)
     why = f"ATen routes this problem{' and its gradients' if fwd == bwd else ''} to {routed}, not {lib_label}"

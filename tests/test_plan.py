@@ -10,7 +10,7 @@ from portconv import functional
 from portconv.backends import BackendId, Problem
 from portconv.backends.aten import AtenBackend
 from portconv.params import ConvParams
-from portconv.plan import EVIDENCE, OwnKernelWin, clear_cache, gpu_policy, use_backend
+from portconv.plan import EVIDENCE, VENDOR_VIA_ATEN, OwnKernelWin, clear_cache, gpu_policy, use_backend
 from portconv.rules import TorchContext
 from portconv.tensors import TensorSpec, dense_strides
 
@@ -63,14 +63,15 @@ def test_other_depthwise_goes_to_aten_with_evidence(case):
     assert bid == BackendId.ATEN and "CudaDepthwise2d" in why and EVIDENCE in why
 
 
-def test_depthwise_that_aten_sends_to_cudnn_goes_to_cudnn():
+def test_depthwise_that_aten_sends_to_cudnn_goes_to_cudnn_through_aten():
     # float16 contiguous, stride 1, >= 32 channels: ATen's fp16 depthwise heuristic; channels-last: always cuDNN
     half = _problem((32, 144, 56, 56), (144, 1, 3, 3), "float16", padding=1, groups=144)
     chlast = _problem((32, 144, 56, 56), (144, 1, 3, 3), "float32", "channels_last", padding=1, groups=144)
     for pr in (half, chlast):
         bid, why, passed, prefer = _first(pr)
-        assert bid == BackendId.CUDNN and "ATen routes this problem and its gradients to cuDNN (Cudnn)" in why
-        assert prefer[1][0] == BackendId.ATEN and BackendId.CUDA in passed
+        assert bid == BackendId.ATEN and "ATen routes this problem and its gradients to cuDNN (Cudnn)" in why
+        assert VENDOR_VIA_ATEN in why  # Note [vendor library via ATen]: the measured reason
+        assert prefer[1][0] == BackendId.CUDNN and BackendId.CUDA in passed
 
 
 @pytest.mark.parametrize("case,algo", [
@@ -80,10 +81,10 @@ def test_depthwise_that_aten_sends_to_cudnn_goes_to_cudnn():
     (dict(ishape=(16, 512, 4, 4), wshape=(512, 256, 4, 4), stride=2, padding=1, transposed=True), "CudnnTranspose"),
     (dict(ishape=(4, 512, 1000), wshape=(512, 512, 3), stride=2), "Cudnn"),  # conv1d
 ])
-def test_dense_problems_go_to_cudnn(case, algo):
-    bid, why, passed, _ = _first(_problem(**case))
-    assert bid == BackendId.CUDNN and f"cuDNN ({algo})" in why
-    assert _first(_problem(dtype="bfloat16", **case))[0] == BackendId.CUDNN
+def test_dense_problems_go_to_cudnn_through_aten(case, algo):
+    bid, why, passed, prefer = _first(_problem(**case))
+    assert bid == BackendId.ATEN and f"cuDNN ({algo})" in why and prefer[1][0] == BackendId.CUDNN
+    assert _first(_problem(dtype="bfloat16", **case))[0] == BackendId.ATEN
 
 
 def test_when_aten_cannot_use_cudnn_the_plan_is_aten():
@@ -99,9 +100,9 @@ def test_when_aten_cannot_use_cudnn_the_plan_is_aten():
 
 def test_rocm_routes_to_miopen_or_aten():
     dense = _first(_problem((2, 8, 16, 16), (8, 8, 3, 3), padding=1), MI300)
-    assert dense[0] == BackendId.MIOPEN and "MIOpen (Miopen)" in dense[1]
+    assert dense[0] == BackendId.ATEN and "MIOpen (Miopen)" in dense[1]
     dw = _first(_problem((2, 8, 16, 16), (8, 1, 3, 3), padding=1, groups=8), MI300)
-    assert dw[0] == BackendId.MIOPEN and "MiopenDepthwise" in dw[1]
+    assert dw[0] == BackendId.ATEN and "MiopenDepthwise" in dw[1]
     f64 = _first(_problem((2, 8, 16, 16), (8, 8, 3, 3), "float64", padding=1), MI300)
     assert f64[0] == BackendId.ATEN and BackendId.HIP in f64[2]
 
@@ -116,8 +117,8 @@ def test_own_kernel_table_rows_apply_only_to_their_class():
     s2 = _problem((32, 144, 56, 56), (144, 1, 3, 3), padding=1, stride=2, groups=144)
     assert _first(s2, wins=(row,))[0] == BackendId.ATEN
     dense = _problem((2, 8, 16, 16), (8, 8, 3, 3), padding=1)
-    assert _first(dense, wins=(row,))[0] == BackendId.CUDNN  # the row replaces CudaDepthwise2d only
-    assert _first(s1, MI300, wins=(row,))[0] == BackendId.MIOPEN  # a cuda row says nothing on ROCm
+    assert _first(dense, wins=(row,))[0] == BackendId.ATEN  # the row replaces CudaDepthwise2d only (cuDNN via aten)
+    assert "MiopenDepthwise" in _first(s1, MI300, wins=(row,))[1]  # a cuda row says nothing on ROCm
 
 
 # --- the CPU order -------------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The CuPy runtime layer shared by the cuda and hip backends: compile cache, devices, streams, tensor interop."""
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import hashlib
 import os
@@ -13,6 +14,7 @@ import warnings
 from .. import knobs, sources
 from ..device import DeviceInfo
 from ..errors import VendorImportError
+from . import _replay
 
 CUDA_PIP_HINT = "pip install portconv[cuda12]  (CUDA 12 driver) or  pip install portconv[cuda13]  (CUDA 13 driver)"
 
@@ -265,27 +267,32 @@ def _external_stream(cupy, ptr: int, device: int):
 
 
 class Tensors:
-    """Raw pointers, allocation and the launch stream for one call's arrays (torch CUDA tensors or CuPy arrays).
+    """Raw pointers, allocation and the launch stream for the arrays of one plan's calls (torch CUDA tensors or
+    CuPy arrays on one device).
 
     Note [zero copy]: kernels get raw device addresses and element strides, so inputs are read in place
     whatever their layout, and outputs are allocated by the caller's library (torch's caching allocator or
     CuPy's pool) in the layout the plan chose. Work is queued on the caller's current stream of the tensors'
-    device: torch.cuda.current_stream(device) for torch tensors, CuPy's current stream for CuPy arrays.
+    device, read at every launch: torch.cuda.current_stream(device) for torch tensors, CuPy's current stream for
+    CuPy arrays.
     """
 
     def __init__(self, like, pip_hint: str = CUDA_PIP_HINT):
         self.cupy = import_cupy(pip_hint)
         self.is_torch = (type(like).__module__ or "").startswith("torch")
+        self.hip = is_hip(self.cupy)
         if self.is_torch:
             import torch
 
             self.torch = torch
             self.device = like.device.index if like.device.index is not None else torch.cuda.current_device()
-            ptr = torch.cuda.current_stream(self.device).cuda_stream
-            self.stream = _external_stream(self.cupy, ptr, self.device)
+            self.torch_device = torch.device("cuda", self.device)
+            self._raw_stream = torch._C._cuda_getCurrentRawStream
         else:
             self.device = like.device.id
-            self.stream = self.cupy.cuda.get_current_stream(self.device)
+        self._driver = None if self.hip else _replay.driver_launch()
+        self.rec: _replay.Recording | None = None  # set while a call is recorded (Note [replayed launches])
+        self.replayable = self.is_torch
 
     @staticmethod
     def ptr(x) -> int:
@@ -293,12 +300,27 @@ class Tensors:
             return 0
         return x.data_ptr() if (type(x).__module__ or "").startswith("torch") else x.data.ptr
 
+    def raw_stream(self) -> int:
+        """The caller's current stream on the device, as a raw handle."""
+        if self.is_torch:
+            return self._raw_stream(self.device)
+        return self.cupy.cuda.get_current_stream(self.device).ptr
+
+    @property
+    def stream(self):
+        """The caller's current stream as a CuPy stream object."""
+        if self.is_torch:
+            return _external_stream(self.cupy, self.raw_stream(), self.device)
+        return self.cupy.cuda.get_current_stream(self.device)
+
     def empty(self, shape, strides, dtype: str, poison: bool = False):
         """A new array of ``shape`` with element ``strides`` (a dense permutation) and dtype name."""
         if self.is_torch:
             t = self.torch.empty_strided(tuple(shape), tuple(strides), dtype=getattr(self.torch, dtype),
-                                         device=f"cuda:{self.device}")
-            return t.fill_(float("nan")) if poison else t
+                                         device=self.torch_device)
+            t = t.fill_(float("nan")) if poison else t
+            return t if self.rec is None else self.rec.allocated(t, "empty", (shape, strides, dtype))
+        assert self.rec is None, "CuPy arrays are not recorded"
         cp = self.cupy
         with cp.cuda.Device(self.device):
             dt = cp.dtype(dtype)
@@ -314,11 +336,27 @@ class Tensors:
     def workspace(self, count: int, double: bool):
         """Scratch space for partial sums (float64 for float64 problems, float32 otherwise)."""
         if self.is_torch:
-            return self.torch.empty(count, dtype=self.torch.float64 if double else self.torch.float32,
-                                    device=f"cuda:{self.device}")
+            t = self.torch.empty(count, dtype=self.torch.float64 if double else self.torch.float32,
+                                 device=self.torch_device)
+            return t if self.rec is None else self.rec.allocated(t, "workspace", (count, double))
         with self.cupy.cuda.Device(self.device):
             return self.cupy.empty(count, dtype="float64" if double else "float32")
 
     def launch(self, fn, grid: tuple[int, int, int], block: int, args) -> None:
         with self.cupy.cuda.Device(self.device):
             fn(grid, (block, 1, 1), (args,), stream=self.stream)
+        if self.rec is not None:
+            self.rec.launched(fn, grid, block, args)
+
+    def launch_block(self, fn, grid: tuple[int, int, int], block: int, block_args, stream: int) -> None:
+        """Launch ``fn`` with one argument block (a ctypes array) on the raw ``stream`` (Note [replayed launches])."""
+        if self._driver is not None and self.cupy.cuda.runtime.getDevice() == self.device:
+            self._driver(fn.ptr, grid, block, block_args, stream, self.device)
+            return
+        import numpy as np
+
+        args = np.frombuffer(block_args, dtype=np.int64).copy().view(np.dtype((np.void, ctypes.sizeof(block_args))))
+        with self.cupy.cuda.Device(self.device):
+            s = (_external_stream(self.cupy, stream, self.device) if self.is_torch
+                 else self.cupy.cuda.get_current_stream(self.device))
+            fn(grid, (block, 1, 1), (args,), stream=s)

@@ -189,23 +189,25 @@ class CudnnBackend(Backend):
     def forward(self, plan, input, weight, bias):
         import torch
 
-        one_d = plan.problem.params.rank == 1
-        (x, w), p = self._prepare(plan, (input, weight), one_d)
-        fmt = _torch_format(torch, x, w)
+        st = plan.state.get("cudnn")
+        if st is None:
+            st = plan.state["cudnn"] = _CallArgs.of(plan)
+        (x, w), p = self._prepare(plan, (input, weight), st.one_d) if st.reshape else ((input, weight), None)
+        key = (x.stride(), w.stride())
+        fmt = st.formats.get(key)
+        if fmt is None:
+            fmt = st.formats[key] = _torch_format(torch, x, w)
         x, w = x.contiguous(memory_format=fmt), w.contiguous(memory_format=fmt)
-        tf32, _ = cudnn_conv_tf32(torch)
-        bench = bool(torch.backends.cudnn.benchmark)
-        det = bool(torch.backends.cudnn.deterministic or torch.are_deterministic_algorithms_enabled())
-        if p.transposed:
-            out = torch.ops.aten.cudnn_convolution_transpose(x, w, list(p.padding), list(p.output_padding),
-                                                            list(p.stride), list(p.dilation), p.groups, bench, det,
-                                                            tf32)
+        c = torch._C
+        bench, det = c._get_cudnn_benchmark(), c._get_cudnn_deterministic() or c._get_deterministic_algorithms()
+        if st.transposed:
+            out = torch.cudnn_convolution_transpose(x, w, st.padding, st.output_padding, st.stride, st.dilation,
+                                                    st.groups, bench, det, st.tf32)
         else:
-            out = torch.ops.aten.cudnn_convolution(x, w, list(p.padding), list(p.stride), list(p.dilation), p.groups,
-                                                   bench, det, tf32)
+            out = torch.cudnn_convolution(x, w, st.padding, st.stride, st.dilation, st.groups, bench, det, st.tf32)
         if bias is not None:  # as ATen's _convolution does after the cuDNN call
-            out.add_(bias.reshape((1, -1) + (1,) * (out.dim() - 2)))
-        return out.squeeze(2) if one_d else out
+            out.add_(bias.reshape(st.bias_shape))
+        return out.squeeze(2) if st.one_d else out
 
     def backward(self, plan, grad_output, input, weight, output_mask):
         import torch
@@ -222,15 +224,44 @@ class CudnnBackend(Backend):
         if route.grads == "channels_last":
             fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
             x, w, go = (t.contiguous(memory_format=fmt) for t in (x, w, go))
-        bias_sizes = [go.shape[1]]
-        gi, gw, gb = torch.ops.aten.convolution_backward(go, x, w, bias_sizes, **p.as_aten(),
-                                                         output_mask=list(output_mask))
+        a = p.as_aten()
+        gi, gw, gb = torch.ops.aten.convolution_backward.default(
+            go, x, w, [go.shape[1]], a["stride"], a["padding"], a["dilation"], a["transposed"], a["output_padding"],
+            a["groups"], list(output_mask))
         if one_d:
             gi = None if gi is None else gi.squeeze(2)
             gw = None if gw is None else gw.squeeze(2)
         if gi is not None and any(pr.params.padding_extra):
             gi = gi[(slice(None), slice(None)) + tuple(slice(0, s) for s in input.shape[2:])]
         return gi, gw, gb
+
+
+@dataclasses.dataclass
+class _CallArgs:
+    """A plan's cuDNN call arguments, computed on its first call (Plan.state['cudnn'])."""
+
+    one_d: bool
+    reshape: bool  # padding='same' extra padding or a 1-d problem: _prepare runs per call
+    transposed: bool
+    padding: list
+    output_padding: list
+    stride: list
+    dilation: list
+    groups: int
+    tf32: bool  # the plan's math: decided (and explained) when the plan was made
+    bias_shape: tuple
+    formats: dict  # (input strides, weight strides) -> the memory format cuDNN gets
+
+    @classmethod
+    def of(cls, plan) -> _CallArgs:
+        p = plan.problem.params
+        one_d = p.rank == 1
+        if one_d:
+            p = ConvParams((1,) + p.stride, (0,) + p.padding, (1,) + p.dilation, p.transposed,
+                           (0,) + p.output_padding, p.groups)
+        return cls(one_d, one_d or any(plan.problem.params.padding_extra), p.transposed, list(p.padding),
+                   list(p.output_padding), list(p.stride), list(p.dilation), p.groups, plan.math == "tf32",
+                   (1, -1) + (1,) * p.rank, {})
 
 
 def _torch_format(torch, x, w):

@@ -94,9 +94,27 @@ def plan_for(case: _cases.Case, inputs: Inputs, backend: str | None):
     return functional.plan(inputs.input, inputs.weight, inputs.bias, **case.conv_args(), backend=backend)
 
 
+def _warm_up(case: _cases.Case, dtype: str, device: torch.device, backend: str, poison: bool) -> None:
+    """Note [checked call is the second]: one forward and backward on other tensors of the same layouts first, so
+    the checked calls take the path a training loop takes (functional's fast path, the backends' per-plan caches
+    and replayed launches, Note [replayed launches]). Errors are left to the checked calls, which raise them again."""
+    other = make_inputs(case, dtype, device, output_shape(case), fill=False)
+    args = case.conv_args()
+    with poisoned(poison):
+        try:
+            functional.convolution(other.input, other.weight, other.bias, **args, backend=backend)
+            functional.convolution_backward(other.grad_output, other.input, other.weight, [case.k], args["stride"],
+                                            args["padding"], args["dilation"], args["transposed"],
+                                            args["output_padding"], args["groups"], case.mask, backend=backend)
+        except Exception:  # noqa: BLE001, S110 - the checked calls below report it
+            pass
+
+
 def run_case(case: _cases.Case, backend: str, dtype: str, device: str | torch.device | None = None,
-             poison: bool = True) -> CaseResult:
-    """One case in one dtype: plan, forward, backward (with the case's output_mask), compare all four tensors."""
+             poison: bool = True, warm: bool = True) -> CaseResult:
+    """One case in one dtype: plan, forward, backward (with the case's output_mask), compare all four tensors.
+
+    ``warm``: the checked calls are the plan's second (Note [checked call is the second])."""
     device = torch.device(device) if device is not None else default_device(backend)
     inputs = make_inputs(case, dtype, device, output_shape(case))
     try:
@@ -108,6 +126,8 @@ def run_case(case: _cases.Case, backend: str, dtype: str, device: str | torch.de
     res = CaseResult(case, dtype, "pass", plan={"algorithm": plan.algorithm, "memory_format": plan.memory_format,
                                                 "math": plan.math, "backend": str(plan.backend),
                                                 "device": plan.device.describe()}, device_info=plan.device)
+    if warm:
+        _warm_up(case, dtype, device, backend, poison)
     snapshot = {k: v.clone() for k, v in inputs.tensors().items()}
     ref = reference(case, inputs)
     args = case.conv_args()

@@ -1,0 +1,115 @@
+"""Where a cached plan's per-call host time goes on the GPU: per-call times per backend, a cProfile of the
+slow ones, and the cost of the primitives a call is made of. Usage: python3 scripts/gpu/overhead_profile.py"""
+import cProfile
+import io
+import pstats
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import portconv
+
+dev = "cuda"
+x = torch.randn(1, 4, 8, 8, device=dev)
+w = torch.randn(4, 4, 3, 3, device=dev)
+go = torch.randn(1, 4, 8, 8, device=dev)
+N = int(sys.argv[1]) if len(sys.argv) > 1 else 3000
+
+
+def per_call(fn, n=N):
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    best = 1e9
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t) / n)
+    return best * 1e6
+
+
+print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
+print(f"F.conv2d                 {per_call(lambda: F.conv2d(x, w, None, 1, 1)):7.1f} us")
+bw = torch.ops.aten.convolution_backward.default
+print(f"aten bwd (1,1,0)         {per_call(lambda: bw(go, x, w, [4], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False])):7.1f} us")
+plans = {}
+for b in ("aten", "cudnn", "cuda", "hip", None):
+    try:
+        p = portconv.plan(x, w, None, 1, 1, backend=b)
+    except Exception as e:  # noqa: BLE001
+        print(b, "unavailable", e)
+        continue
+    plans[b or "auto"] = p
+    f = per_call(lambda: p.forward(x, w, None))
+    g = per_call(lambda: p.backward(go, x, w, (True, True, False)))
+    c = per_call(lambda: portconv.conv2d(x, w, None, 1, 1, backend=b))
+    print(f"{(b or 'auto') + '->' + str(p.backend):10s} plan.forward {f:7.1f} us  plan.backward(1,1,0) {g:7.1f} us  "
+          f"conv2d {c:7.1f} us")
+
+for name in ("cuda", "cudnn", "auto"):
+    p = plans.get(name)
+    if p is None:
+        continue
+    for what, fn in (("forward", lambda: p.forward(x, w, None)),
+                     ("backward", lambda: p.backward(go, x, w, (True, True, False)))):
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(2000):
+            fn()
+        pr.disable()
+        torch.cuda.synchronize()
+        s = io.StringIO()
+        pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(22)
+        print(f"===== cProfile {name} {what} (2000 calls)")
+        print("\n".join(s.getvalue().splitlines()[:40]))
+
+# primitives
+import cupy  # noqa: E402
+import numpy as np  # noqa: E402
+
+d = torch.device("cuda:0")
+prims = {
+    "torch.cuda.current_stream(0).cuda_stream": lambda: torch.cuda.current_stream(0).cuda_stream,
+    "torch._C._cuda_getCurrentRawStream(0)": lambda: torch._C._cuda_getCurrentRawStream(0),
+    "torch.empty_strided(dev str)": lambda: torch.empty_strided((1, 4, 8, 8), (256, 64, 8, 1), dtype=torch.float32,
+                                                                device="cuda:0"),
+    "torch.empty_strided(dev obj)": lambda: torch.empty_strided((1, 4, 8, 8), (256, 64, 8, 1), dtype=torch.float32,
+                                                                device=d),
+    "torch.empty(tuple, dev obj)": lambda: torch.empty((1, 4, 8, 8), dtype=torch.float32, device=d),
+    "x.data_ptr()": lambda: x.data_ptr(),
+    "with cupy.cuda.Device(0)": lambda: cupy.cuda.Device(0).__enter__(),
+    "np.array(60 ints).view(void)": lambda: np.array(list(range(60)), dtype=np.int64).view(np.dtype((np.void, 480))),
+    "template.copy()+5 sets": None,
+    "cupy.cuda.runtime.getDevice()": lambda: cupy.cuda.runtime.getDevice(),
+    "torch.cuda.current_device()": lambda: torch.cuda.current_device(),
+}
+tmpl = np.zeros(60, dtype=np.int64)
+
+
+def _tc():
+    a = tmpl.copy()
+    a[0] = 1
+    a[1] = 2
+    a[2] = 3
+    a[3] = 4
+    a[4] = 5
+    return a.view(np.dtype((np.void, 480)))
+
+
+prims["template.copy()+5 sets"] = _tc
+for k, fn in prims.items():
+    print(f"{k:45s} {per_call(fn, 20000):7.2f} us")
+# a bare CuPy launch of an empty kernel with one 480-byte struct argument
+src = r'''struct A { long long v[60]; };
+extern "C" __global__ void k(const A a) { if (a.v[0] == -1) asm("trap;"); }'''
+mod = cupy.RawModule(code=src)
+kf = mod.get_function("k")
+arg = _tc()
+s = cupy.cuda.ExternalStream(torch.cuda.current_stream(0).cuda_stream, 0)
+print(f"{'cupy launch (1 struct arg)':45s} {per_call(lambda: kf((1, 1, 1), (32, 1, 1), (arg,), stream=s), 20000):7.2f} us")
+print(f"{'cupy launch (1 struct arg) in Device ctx':45s} "
+      f"{per_call(lambda: (cupy.cuda.Device(0).__enter__(), kf((1, 1, 1), (32, 1, 1), (arg,), stream=s)), 20000):7.2f} us")
