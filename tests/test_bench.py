@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import pathlib
 import sys
 import time
 
@@ -338,3 +339,25 @@ def test_peaks_are_measured_once_and_cached_unless_the_host_was_busy(tmp_path, m
     assert first["compute"]["float32"]["flops_per_s"] == pytest.approx(2 * 1024 ** 3 / (st["min_ms"] * 1e-3))
     again = roofline.peaks(cpu, ["float32"], cache=cache)
     assert again["measured_now"] == [] and again["compute"] == first["compute"]
+
+
+def test_tuned_auto_entry(tiny_suite, tmp_path, monkeypatch, capsys):
+    """'auto+tune' times the default plan made under portconv.tune(): its candidates are timed once and the winner
+    persisted in the tuning cache, and the table names the backend it chose."""
+    from conftest import require_backend
+
+    from portconv import cli
+    from portconv.tune import cache_path, stats
+
+    require_backend("opencl")
+    monkeypatch.setenv("PORTCONV_CACHE_DIR", str(tmp_path / "cache"))
+    before = stats["timed"]
+    rc = cli.main(["bench", "--suite", str(tiny_suite), "--rows", "tiny-dw", "--backend", "auto,auto+tune",
+                   "--runs", "5", "--quiet", "--out", str(tmp_path / "out")])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    res = json.loads((tmp_path / "out" / "bench.json").read_text())["rows"][0]["results"]
+    assert list(res) == ["torch", "auto", "auto+tune"]
+    assert "tun" in res["auto+tune"]["plan"]["reason"].lower() and "tun" not in res["auto"]["plan"]["reason"].lower()
+    assert stats["timed"] == before + 1 and pathlib.Path(cache_path()).is_file()
+    assert f"auto+tune->{res['auto+tune']['backend']}" in text

@@ -31,6 +31,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     for a in p._actions:
         if a.dest == "backend":
             a.help = ("comma-separated portconv backends to time beside PyTorch, 'auto' for the default plan, "
+                      "'auto+tune' for the default plan under portconv.tune(), "
                       "'all' (default: every available backend plus auto)")
         elif a.dest == "device":
             a.help = "torch device of PyTorch and the torch-tensor backends (default: cuda if present, else cpu)"
@@ -120,7 +121,7 @@ def main(a) -> int:
     if a.overhead:
         rep["overhead"] = []
         for label, res in rep["rows"][0]["results"].items() if rep["rows"] else []:
-            if res["kind"] != "portconv" or res.get("status") not in ("ok", "error"):
+            if res["kind"] != "portconv" or res.get("status") not in ("ok", "error") or label == "auto+tune":
                 continue
             log(f"overhead: {label}")
             try:

@@ -63,8 +63,8 @@ def _why(res: dict) -> str | None:
 
 
 def _label(label: str, res: dict) -> str:
-    if label == "auto" and res.get("backend"):
-        return f"auto->{res['backend']}"
+    if label in ("auto", "auto+tune") and res.get("backend"):
+        return f"{label}->{res['backend']}"
     return label
 
 
@@ -207,7 +207,7 @@ def markdown(report: dict) -> str:
     for r in report["rows"]:
         for label, res in r["results"].items():
             if res.get("timing"):
-                timings.setdefault(f"{label} ({res.get('backend', label)})" if label == "auto" else label,
+                timings.setdefault(f"{label} ({res.get('backend', label)})" if label.startswith("auto") else label,
                                    set()).add(res["timing"])
     if timings:
         lines += ["", "How each entry was timed:", ""] + [f"- {k}: {'; '.join(sorted(v))}"

@@ -11,6 +11,7 @@ from .. import backends as _backends
 from .. import functional
 from ..backends import BackendId
 from ..errors import BackendUnavailable, ConvError, Unsupported
+from ..tune import tune
 from . import data, roofline, settings, timing
 from .report import summary
 from .suite import DIRECTIONS, MASKS, Row
@@ -45,6 +46,7 @@ class Entry:
     backend: str | None = None  # portconv backend id; None with kind 'portconv' = portconv's automatic plan
     benchmark: bool | None = None
     ieee: bool = False
+    tuned: bool = False  # 'auto+tune': the automatic plan made under portconv.tune() (timed candidates, persisted)
 
     @property
     def data_kind(self) -> str:
@@ -84,15 +86,15 @@ def entries_for(names: Sequence[str] | None, avail: list[dict], device, variants
                 continue
             if n == "all":
                 chosen += ok + ["auto"]
-            elif n == "auto":
-                chosen.append("auto")
+            elif n in ("auto", "auto+tune"):
+                chosen.append(n)
             else:
                 chosen.append(str(BackendId.parse(n)))  # ValueError names the known ones
     seen = []
     for n in chosen:
         if n not in seen:
             seen.append(n)
-    return out + [Entry(n, "portconv", None if n == "auto" else n) for n in seen]
+    return out + [Entry(n, "portconv", None if n.startswith("auto") else n, tuned=n == "auto+tune") for n in seen]
 
 
 def _clean_reason(e: BaseException) -> str:
@@ -285,7 +287,8 @@ def _run_entry(run: _Run, row: Row, entry: Entry, res: dict, sets, clock, gpu: b
     if entry.kind == "portconv":
         s0 = sets[0]
         try:
-            plan = functional.plan(s0.input, s0.weight, s0.bias, **case.conv_args(), backend=entry.backend)
+            with tune(entry.tuned):
+                plan = functional.plan(s0.input, s0.weight, s0.bias, **case.conv_args(), backend=entry.backend)
         except (BackendUnavailable, Unsupported, ConvError) as e:
             res.update(status="unsupported", reason=_clean_reason(e))
             return
