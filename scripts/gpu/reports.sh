@@ -58,8 +58,9 @@ if has plan; then  # the default-plan policy, tuning and fast path against a rea
     tests/test_tune.py > "$R/pytest-plan-tune.txt" 2>&1; echo "== plan/tune tests rc=$?"; tail -2 "$R/pytest-plan-tune.txt"
 fi
 if has bench; then  # every suite row, every backend and PyTorch's variants; bench.json is rewritten after each row
-  PORTCONV_OPENCL_DEVICE=gpu timeout ${BENCH_TIMEOUT:-380} python3 -m portconv.bench --cell-seconds 2 --overhead \
-    --out "$OUT/bench" > "$R/bench.txt" 2>&1; echo "== bench rc=$?"; tail -40 "$R/bench.txt"
+  PORTCONV_OPENCL_DEVICE=gpu timeout ${BENCH_TIMEOUT:-380} python3 -m portconv.bench --cell-seconds ${BENCH_CELL_S:-2} \
+    --overhead --backend all,auto+tune ${BENCH_ARGS:-} --out "$OUT/bench" > "$R/bench.txt" 2>&1
+  echo "== bench rc=$?"; tail -40 "$R/bench.txt"
 fi
 for f in "$R"/tox-*.txt; do echo "== $f"; grep -E "^(FAILED|ERROR)" "$f" | cut -c1-220 | head -8; tail -2 "$f"; done
 for f in "$R"/sanitize-*.txt; do echo "== $f"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^rc=" "$f" | sort | uniq -c; done
