@@ -357,3 +357,146 @@ def test_memory_format_rule_table():
              ((2, 3, 8), "contiguous", "contiguous", "contiguous")]
     for xshape, xfmt, wfmt, want in table:
         assert output_memory_format(problem(xshape, xfmt, wfmt))[0] == want, (xshape, xfmt, wfmt)
+
+
+# --- the vectorised depthwise kernels (opencl/depthwise.cl, Note [depthwise kernels]) ---------------------
+
+DW_KERNELS = ("dw_fwd", "dw_bwd_data", "dw_bwd_weight", "dw_finalize", "fwd", "bwd_data", "bwd_weight")
+
+
+def _dw_case(shape, k, stride=1, padding=1, mult=1, n=2, dtype=torch.float32, fmt="contiguous", seed=0):
+    """A depthwise problem (x of (n, *shape), weight (C*mult, 1, *k)) with bias, as (x, w, b, ConvParams)."""
+    g = torch.Generator().manual_seed(seed)
+    c, rank = shape[0], len(shape) - 1
+    x = torch.randn(n, *shape, generator=g).to(dtype)
+    w = torch.randn(c * mult, 1, *k, generator=g).to(dtype)
+    b = torch.randn(c * mult, generator=g).to(dtype)
+    if fmt == "channels_last":
+        x = x.contiguous(memory_format=CL_FMT[rank])
+    elif fmt == "w_strided":  # every other column of a wider tensor: rows not contiguous along W
+        x = torch.randn(n, *shape[:-1], 2 * shape[-1], generator=g).to(dtype)[..., ::2]
+    p = ConvParams.make(rank, stride, padding, 1, False, 0, c, weight_shape=w.shape)
+    return x, w, b, p
+
+
+def _run_all(x, w, b, p, dtype):
+    """Forward and all three gradients against the float64 reference; returns the kernels launched."""
+    plan = opencl_plan(x, w, b, p)
+    before = dict(rt.stats)
+    y = plan.forward(x, w, b)
+    go = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+    got = plan.backward(go, x, w, (True, True, True))
+    ry, *refs = reference(x, w, b, p, go)
+    check(y, ry, dtype, "output")
+    for out, ref, name in zip(got, refs, ("grad_input", "grad_weight", "grad_bias")):
+        check(out, ref, dtype, name)
+    return plan, {k: rt.stats[k] - before.get(k, 0) for k in DW_KERNELS if rt.stats[k] - before.get(k, 0)}
+
+
+DW_EDGES = [  # (id, shape (C, *spatial), kernel, stride, padding, channel multiplier, batch)
+    ("w13-not-multiple-of-8", (3, 9, 13), (3, 3), 1, 1, 1, 2),
+    ("w5-narrower-than-a-vector", (4, 6, 5), (3, 3), 1, 1, 1, 1),
+    ("1x1-image-pad1", (2, 1, 1), (3, 3), 1, 1, 1, 2),
+    ("2x3-image-pad2", (2, 2, 3), (3, 3), 1, 2, 1, 1),
+    ("pad2-stride2-w17", (3, 11, 17), (3, 3), 2, 2, 1, 3),
+    ("stride2-pad0-w20", (2, 9, 20), (3, 3), 2, 0, 1, 2),
+    ("stride2-odd-w29", (2, 7, 29), (3, 3), 2, 1, 2, 1),
+    ("mult2-w37", (3, 20, 37), (3, 3), 1, 1, 2, 2),
+    ("5x5-pad2-w19", (3, 17, 19), (5, 5), 1, 2, 1, 2),
+    ("5x5-stride2-w23", (2, 12, 23), (5, 5), 2, 2, 1, 1),
+    ("3d-3x3x3", (2, 5, 9, 10), (3, 3, 3), 1, 1, 1, 2),
+    ("3d-stride2-pad2", (2, 6, 7, 18), (3, 3, 3), 2, 2, 2, 1),
+    ("1d-k3-w29", (3, 29), (3,), 1, 1, 1, 2),
+    ("1d-k3-stride2-w31", (3, 31), (3,), 2, 0, 1, 2),
+]
+
+
+@pytest.mark.parametrize("dt", ["f32", "f64"])
+@pytest.mark.parametrize("edge", DW_EDGES, ids=lambda e: e[0])
+def test_depthwise_kernels_edge_shapes(edge, dt):
+    _, shape, k, stride, padding, mult, n = edge
+    dtype = DTYPES[dt]
+    x, w, b, p = _dw_case(shape, k, stride, padding, mult, n, dtype)
+    plan, launched = _run_all(x, w, b, p, dtype)
+    assert plan.algorithm == "depthwise"
+    assert "opencl/depthwise.cl" in plan.reason and "dw_fwd" in plan.reason and "dw_bwd_weight" in plan.reason
+    assert launched.get("dw_fwd") == 1 and launched.get("dw_bwd_data") == 1 and launched.get("dw_bwd_weight") == 1
+    assert not any(launched.get(kn) for kn in ("fwd", "bwd_data", "bwd_weight")), launched
+
+
+@pytest.mark.parametrize("why,kw,reason", [
+    ("channels-last", dict(fmt="channels_last"), "channels_last"),
+    ("float16", dict(dtype=torch.float16), "float16"),
+    ("bfloat16", dict(dtype=torch.bfloat16), "bfloat16"),
+    ("7x7", dict(k=(7, 7), padding=3), None),
+])
+def test_depthwise_outside_the_specialised_set_runs_the_generic_kernels(why, kw, reason):
+    args = dict(shape=(3, 10, 12), k=(3, 3), padding=1)
+    args.update(kw)
+    dtype = args.get("dtype", torch.float32)
+    x, w, b, p = _dw_case(**args)
+    plan, launched = _run_all(x, w, b, p, dtype)
+    assert plan.algorithm == "depthwise" and "depthwise.cl" not in plan.reason
+    if reason:
+        assert reason in plan.reason
+    assert launched.get("fwd") == 1 and not launched.get("dw_fwd"), launched
+
+
+def test_depthwise_dilated_and_transposed_run_the_generic_kernels():
+    x, w, b, _ = _dw_case((3, 10, 12), (3, 3))
+    for p in (ConvParams.make(2, 1, 2, 2, False, 0, 3, weight_shape=w.shape),
+              ConvParams.make(2, 2, 1, 1, True, 1, 3, weight_shape=w.shape)):
+        plan, launched = _run_all(x, w, b, p, torch.float32)
+        assert "depthwise.cl" not in plan.reason and not any(k.startswith("dw_") for k in launched), launched
+
+
+def test_depthwise_w_strided_tensors_take_the_generic_kernels_per_call():
+    x, w, b, p = _dw_case((3, 9, 11), (3, 3), fmt="w_strided")
+    plan, launched = _run_all(x, w, b, p, torch.float32)
+    assert launched.get("fwd") == 1 and launched.get("bwd_weight") == 1 and not launched.get("dw_fwd")
+    assert launched.get("dw_bwd_data") == 1  # grad_output and grad_input are dense: that direction stays vectorised
+
+
+@pytest.mark.parametrize("variant", ["gpu-settings", "split-reduction", "idx64"])
+def test_depthwise_variants(variant, monkeypatch):
+    """The GPU settings (vloadn/vstoren, 4 wide, no DW_CPU), the split grad-weight reduction with its
+    finalize kernel, and the 64-bit index build, all on this device."""
+    from portconv.backends import opencl as ob
+
+    if variant == "gpu-settings":
+        orig = ob.dw_spec
+        monkeypatch.setattr(ob, "dw_spec", lambda pr, geo, fmt, cpu: orig(pr, geo, fmt, False))
+    elif variant == "split-reduction":
+        monkeypatch.setattr(ob, "dw_splits", lambda *a: 3)
+    else:
+        monkeypatch.setattr(rt, "force_idx64", True)
+    for shape, k, stride, mult, dt in (((3, 13, 21), (3, 3), 1, 1, torch.float32),
+                                       ((2, 9, 19), (3, 3), 2, 2, torch.float64),
+                                       ((2, 4, 6, 11), (3, 3, 3), 1, 1, torch.float32)):
+        x, w, b, p = _dw_case(shape, k, stride, 1, mult, 2, dt)
+        _, launched = _run_all(x, w, b, p, dt)
+        assert launched.get("dw_fwd") == 1 and launched.get("dw_bwd_weight") == 1
+        assert launched.get("dw_finalize", 0) == (1 if variant == "split-reduction" else 0)
+
+
+def test_depthwise_grad_weight_is_deterministic(monkeypatch):
+    from portconv.backends import opencl as ob
+
+    x, w, b, p = _dw_case((4, 30, 45), (3, 3), n=3)
+    plan = opencl_plan(x, w, b, p)
+    go = torch.randn(p.output_shape(x.shape, w.shape))
+    first = plan.backward(go, x, w, (False, True, False))[1]
+    assert torch.equal(first, plan.backward(go, x, w, (False, True, False))[1])
+    monkeypatch.setattr(ob, "dw_splits", lambda *a: 5)
+    split = plan.backward(go, x, w, (False, True, False))[1]
+    assert torch.equal(split, plan.backward(go, x, w, (False, True, False))[1])
+    torch.testing.assert_close(split, first, rtol=1e-5, atol=1e-5)
+
+
+def test_depthwise_splits_table():
+    from portconv.backends.opencl import dw_splits
+
+    assert dw_splits(144, 392, 16, 2, cpu=True) == 1  # enough channels for two cores
+    assert dw_splits(144, 14 * 56 * 32, 64, 132, cpu=False) == 8  # a 132-SM GPU: 8 per SM over 144 channels
+    assert dw_splits(4, 10, 64, 132, cpu=False) == 1  # too little work to split
+    assert dw_splits(1, 10**7, 64, 132, cpu=False) == 64  # capped

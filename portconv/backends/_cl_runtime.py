@@ -211,24 +211,50 @@ class Runtime:
         self.lock = threading.Lock()
         self._kernels: dict[tuple, dict] = {}
         self._dummy = None
+        self._pool = None
+
+    # Note [OpenCL buffer pool]: results, uploads and scratch come from one pyopencl MemoryPool per runtime.
+    # A fresh clCreateBuffer on a CPU device is fresh host memory, and the kernel that first writes it pays
+    # the page faults (PoCL: about as long as a small depthwise kernel itself); pooled buffers are reused when
+    # their array or tensor is released. Results are written on the queue of the call, in order.
+    @property
+    def pool(self):
+        if self._pool is None:
+            import pyopencl.tools as clt
+
+            self._pool = clt.MemoryPool(clt.ImmediateAllocator(self.queue))
+        return self._pool
 
     # programs ------------------------------------------------------------------------------------------
     def kernel(self, dtype: str, idx64: bool, depthwise: bool, name: str):
         """(kernel object, its max work-group size) from the program of this define set, built on first use."""
         defines = (_DEFINES[dtype],) + (("IDX64",) if idx64 else ()) + (("DEPTHWISE",) if depthwise else ())
-        key = (self.driver, _digest(), defines)
+        prefix = "depthwise_" if depthwise else "conv_"
+        return self._table("conv.cl", defines)[prefix + name]
+
+    def dw_kernel(self, dtype: str, idx64: bool, spec: tuple[str, ...], name: str):
+        """A kernel of opencl/depthwise.cl (Note [depthwise kernels]) built with the defines ``spec``
+        (DW_VW, DW_K0..2, DW_S0..2), one program per (dtype, index width, spec)."""
+        defines = (_DEFINES[dtype],) + (("IDX64",) if idx64 else ()) + tuple(spec)
+        return self._table("depthwise.cl", defines)["dw_" + name]
+
+    def _table(self, source: str, defines: tuple[str, ...]) -> dict:
+        key = (self.driver, _digest(), source, defines)
         with self.lock:
             table = self._kernels.get(key)
             if table is None:
-                table = self._kernels[key] = self._build(defines)
-        prefix = "depthwise_" if depthwise else "conv_"
-        return table[prefix + name]
+                table = self._kernels[key] = self._build(defines, source)
+        return table
 
-    def _build(self, defines: tuple[str, ...]) -> dict:
+    @property
+    def is_cpu(self) -> bool:
+        return bool(self.device.type & self.cl.device_type.CPU)
+
+    def _build(self, defines: tuple[str, ...], source: str = "conv.cl") -> dict:
         folder = str(sources.folder("opencl"))
         inc = f'"{folder}"' if " " in folder else folder
         options = ["-I", inc] + [f"-D{d}" for d in defines]
-        src = sources.read("opencl", "conv.cl")
+        src = sources.read("opencl", source)
         cache = os.path.join(knobs.cache_dir(), "pyopencl")
         os.makedirs(cache, exist_ok=True)
         prg = self.cl.Program(self.ctx, src).build(options=options, devices=[self.device], cache_dir=cache)
@@ -267,8 +293,9 @@ class Runtime:
             t = t.contiguous()
             span = t.numel()
         flat = torch.as_strided(t, (span,), (1,), t.storage_offset())
-        mf = self.cl.mem_flags
-        buf = self.cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=_numpy_view(flat))
+        host = _numpy_view(flat)
+        buf = self.pool.allocate(host.nbytes)
+        self.cl.enqueue_copy(self.queue, buf, host, is_blocking=True)
         return DevTensor(buf, 0, tuple(t.shape), tuple(t.stride()))
 
     def empty(self, shape, strides, dtype: str, like, queue) -> DevTensor:
@@ -278,12 +305,13 @@ class Runtime:
             numel *= s
         nbytes = max(numel, 1) * _ITEMSIZE[dtype]
         if _is_torch(like):
-            buf = self.cl.Buffer(self.ctx, self.cl.mem_flags.READ_WRITE, nbytes)
+            buf = self.pool.allocate(nbytes)
             out = DevTensor(buf, 0, tuple(shape), tuple(strides))
         else:
             import pyopencl.array as cla
 
-            arr = cla.Array(queue, tuple(shape), like.dtype, strides=tuple(s * like.dtype.itemsize for s in strides))
+            arr = cla.Array(queue, tuple(shape), like.dtype, strides=tuple(s * like.dtype.itemsize for s in strides),
+                            allocator=self.pool)
             buf = arr.base_data if numel else self.dummy()
             out = DevTensor(buf, 0, tuple(shape), tuple(strides), arr)
         if knobs.poison() and numel:
@@ -323,6 +351,24 @@ class Runtime:
             evt = self.cl.enqueue_nd_range_kernel(queue, knl, (gs,), (ls,), wait_for=wait_for or None)
         stats[name] += 1
         return evt
+
+
+    def launch_nd(self, queue, kernel_entry, name: str, desc, args, gsize, lsize, local_bytes=0, wait_for=None):
+        """Run one kernel on an N-D range: ``gsize`` work-items per dimension, rounded up to ``lsize``
+        (the kernels return early past their extents); ``local_bytes`` of local memory as the last argument."""
+        knl, _ = kernel_entry
+        gs = tuple(-(-g // l) * l for g, l in zip(gsize, lsize))
+        if local_bytes:
+            args = tuple(args) + (self.cl.LocalMemory(local_bytes),)
+        with self.lock:
+            knl.set_args(desc.pack(), *args)
+            evt = self.cl.enqueue_nd_range_kernel(queue, knl, gs, tuple(lsize), wait_for=wait_for or None)
+        stats[name] += 1
+        return evt
+
+    def scratch(self, nbytes: int):
+        """A device buffer for intermediate results (the depthwise grad-weight partials), from the pool."""
+        return self.pool.allocate(max(nbytes, 16))
 
 
 def _pow2_floor(v: int) -> int:

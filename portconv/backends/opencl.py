@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 from .. import knobs
@@ -64,6 +65,7 @@ def _pad3(t, fill: int) -> tuple[int, int, int]:
     return (fill,) * (3 - len(t)) + t
 
 
+@functools.lru_cache(maxsize=512)
 def geometry(problem: Problem) -> Geometry:
     p = problem.params
     ishape, wshape, oshape = problem.input.shape, problem.weight.shape, problem.output_shape
@@ -76,6 +78,75 @@ def geometry(problem: Problem) -> Geometry:
                     _pad3(p.stride, 1), _pad3(p.padding, 0), _pad3(p.dilation, 1))
 
 
+# Note [depthwise kernels] (opencl/depthwise.cl): the vectorised depthwise kernels take depthwise convolutions
+# (CX == 1, G > 1) that are not transposed, undilated, float32/float64, computed in the contiguous layout,
+# with a kernel size of the table below and strides 1 or 2; the kernel size and strides are compile-time
+# constants of the program. Everything else runs the generic kernels of conv.cl.
+DW_KERNEL_SIZES = {(1, 1, 3), (1, 3, 3), (3, 3, 3), (1, 5, 5)}
+
+
+@dataclasses.dataclass(frozen=True)
+class DwSpec:
+    """How the depthwise kernels run one problem: vector width, work-group shapes and the build defines."""
+
+    vw: int  # outputs per work-item along W
+    rb: int  # rows computed together (independent accumulators) by a work-item (forward, backward-data)
+    local: tuple[int, int, int]  # fwd / bwd-data work-group (W blocks, rows, planes)
+    red_local: int  # bwd-weight work-group size
+    K: tuple[int, int, int]
+    S: tuple[int, int, int]
+    nb: int = 1  # such row blocks per work-item
+    cpu: bool = False  # DW_CPU: unaligned vector dereferences instead of vloadn/vstoren (CPU compilers)
+
+    @property
+    def defines(self) -> tuple[str, ...]:
+        return (f"DW_VW={self.vw}", f"DW_RB={self.rb}", f"DW_NB={self.nb}",
+                *(f"DW_K{i}={k}" for i, k in enumerate(self.K)),
+                *(f"DW_S{i}={s}" for i, s in enumerate(self.S))) + (("DW_CPU",) if self.cpu else ())
+
+    def grid(self, extents) -> tuple[int, int]:
+        """fwd / bwd-data work-items (W blocks, row blocks) over the written tensor's (D, H, W) extents."""
+        return -(-extents[2] // self.vw), -(-extents[1] // (self.rb * self.nb))
+
+    @property
+    def taps(self) -> int:
+        return math.prod(self.K)
+
+    def describe(self) -> str:
+        k = "x".join(str(v) for v in self.K if v > 1 or self.K == (1, 1, 1)) or "1"
+        s = "x".join(str(v) for v, kk in zip(self.S, self.K) if kk > 1) or "1"
+        return (f"{k} stride {s}, {self.vw} W outputs x {self.rb * self.nb} rows per work-item, work-group "
+                f"{'x'.join(map(str, self.local))}")
+
+
+@functools.lru_cache(maxsize=512)
+def dw_spec(problem: Problem, geo: Geometry, fmt: str, cpu: bool) -> tuple[DwSpec | None, str]:
+    """The depthwise kernels' settings for this problem, or None and why the generic kernels run."""
+    why = None
+    if not geo.depthwise:
+        why = "not depthwise"
+    elif problem.params.transposed:
+        why = "transposed"
+    elif problem.dtype not in ("float32", "float64"):
+        why = f"{problem.dtype} (the vectorised depthwise kernels take float32 and float64)"
+    elif geo.DL != (1, 1, 1):
+        why = "dilated"
+    elif geo.K not in DW_KERNEL_SIZES:
+        why = f"kernel {'x'.join(map(str, geo.K))} has no specialised depthwise program"
+    elif any(s not in (1, 2) for s in geo.S):
+        why = "a stride other than 1 or 2"
+    elif fmt != "contiguous":
+        why = f"results are {fmt} (the depthwise kernels vectorise along a contiguous W)"
+    if why:
+        return None, why
+    # CPU (PoCL): one AVX2 register of outputs per work-item, small work-groups (work-items run one after
+    # the other inside a group); GPU: 4 outputs per work-item, 128-item groups, 64-item reductions.
+    if cpu:
+        vw = 8 if problem.dtype == "float32" else 4
+        return DwSpec(vw, 4, (4, 4, 1), 16, geo.K, geo.S, nb=2, cpu=True), ""
+    return DwSpec(4, 2, (16, 8, 1), 64, geo.K, geo.S), ""
+
+
 def _five(t: rt.DevTensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Shape and strides as (N, C, D, H, W); missing spatial dims have size 1 and stride 0."""
     pad = 5 - len(t.shape)
@@ -84,6 +155,14 @@ def _five(t: rt.DevTensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 def _is_torch(x) -> bool:
     return (type(x).__module__ or "").startswith("torch")
+
+
+def _dtype_name(x) -> str:
+    """'float32' etc. of a torch tensor or a pyopencl array (the per-call check; spec_of is the full one)."""
+    if _is_torch(x):
+        return str(x.dtype).removeprefix("torch.")
+    name = str(x.dtype)
+    return name if name in FLOATING else spec_of(x).dtype
 
 
 class _Call:
@@ -103,9 +182,10 @@ class _Call:
             self.queue = anchor.queue or self.rt.queue
         self.wait_for = []
         self.c_inner = int(plan.memory_format != "contiguous")
+        self.dw = dw_spec(self.problem, self.geo, plan.memory_format, self.rt.is_cpu)[0]
 
     def up(self, x) -> rt.DevTensor:
-        dtype = spec_of(x).dtype
+        dtype = _dtype_name(x)
         if dtype != self.dtype:  # the kernels read every tensor as the plan's dtype
             raise ValueError(f"the OpenCL backend needs one dtype for all tensors: got {dtype} with {self.dtype}")
         if not _is_torch(x):
@@ -136,10 +216,27 @@ class _Call:
         bt = self.up(b)
         return bt.buf, dict(has_bias=1, bo=bt.offset, bs=bt.strides[0])
 
+    def _dw_ok(self, *tensors: rt.DevTensor) -> bool:
+        """The depthwise kernels run when the plan chose them and x and y rows are contiguous along W."""
+        return self.dw is not None and all(_five(t)[1][4] == 1 or _five(t)[0][4] == 1 for t in tensors)
+
+    def _dw_run(self, name, desc, tensors, args, gsize, lsize, local_bytes=0):
+        groups = math.prod(-(-g // l) * l for g, l in zip(gsize, lsize))
+        desc.idx64 = rt.force_idx64 or not rt.index_fits_int32(groups + 64, *(t.span for t in tensors))
+        entry = self.rt.dw_kernel(self.dtype, desc.idx64, self.dw.defines, name)
+        return self.rt.launch_nd(self.queue, entry, "dw_" + name, desc, args, gsize, lsize, local_bytes,
+                                 self.wait_for)
+
     def fwd(self, x: rt.DevTensor, w: rt.DevTensor, y: rt.DevTensor, bias=None):
         """y = conv(x, w) (+ bias per y channel)."""
         bbuf, bkw = self._bias(bias)
         (_, xs), (_, ws), (_, ys) = _five(x), _five(w), _five(y)
+        g = self.geo
+        if self._dw_ok(x, y) and math.prod(y.shape):
+            planes = g.N * g.G * g.CY * g.Y[0]
+            d = self._desc(planes, xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset, **bkw)
+            return self._dw_run("fwd", d, (x, w, y), (x.buf, w.buf, bbuf, y.buf),
+                                (*self.dw.grid(g.Y), planes), self.dw.local)
         d = self._desc(math.prod(y.shape), xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset,
                        c_inner=self.c_inner, **bkw)
         return self._run("fwd", d, (x, w, y), (x.buf, w.buf, bbuf, y.buf))
@@ -148,6 +245,12 @@ class _Call:
         """x = conv^T(y, w) (+ bias per x channel): grad_input, or the transposed forward."""
         bbuf, bkw = self._bias(bias)
         (_, xs), (_, ws), (_, ys) = _five(x), _five(w), _five(y)
+        g = self.geo
+        if bias is None and self._dw_ok(x, y) and math.prod(x.shape):
+            planes = g.N * g.G * g.X[0]
+            d = self._desc(planes, xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset)
+            return self._dw_run("bwd_data", d, (x, w, y), (y.buf, w.buf, bbuf, x.buf),
+                                (*self.dw.grid(g.X), planes), self.dw.local)
         d = self._desc(math.prod(x.shape), xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset,
                        c_inner=self.c_inner, **bkw)
         return self._run("bwd_data", d, (x, w, y), (y.buf, w.buf, bbuf, x.buf))
@@ -155,9 +258,30 @@ class _Call:
     def bwd_weight(self, x: rt.DevTensor, y: rt.DevTensor, w: rt.DevTensor):
         """w = sum over N and y positions of y * x (one work-group per weight element)."""
         (_, xs), (_, ws), (_, ys) = _five(x), _five(w), _five(y)
+        if self._dw_ok(x, y) and math.prod(w.shape):
+            return self._dw_bwd_weight(x, y, w, xs, ws, ys)
         d = self._desc(math.prod(w.shape), xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset,
                        c_inner=self.c_inner)
         return self._run("bwd_weight", d, (x, w, y), (x.buf, y.buf, w.buf), _group_size(self.geo.reduction))
+
+    def _dw_bwd_weight(self, x, y, w, xs, ws, ys):
+        """Depthwise grad-weight: work-groups per (split, channel), partials added by dw_finalize when split."""
+        g, spec = self.geo, self.dw
+        co_n = g.G * g.CY
+        L = spec.red_local
+        items = g.N * g.Y[0] * g.Y[1] * -(-g.Y[2] // spec.vw)
+        splits = dw_splits(co_n, items, L, self.rt.device.max_compute_units, self.rt.is_cpu)
+        per = -(-items // splits) if items else 0
+        acc = 8 if self.dtype == "float64" else 4
+        part = self.rt.scratch(co_n * splits * spec.taps * acc) if splits > 1 else self.rt.dummy()
+        d = self._desc(co_n * splits, xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset, red=per)
+        evt = self._dw_run("bwd_weight", d, (x, w, y), (x.buf, y.buf, w.buf, part), (L * splits, co_n), (L, 1),
+                           spec.taps * L * acc)
+        if splits == 1:
+            return evt
+        d = self._desc(co_n * spec.taps, ws=ws, wo=w.offset, red=splits)
+        return self._dw_run("finalize", d, (w,), (part, w.buf), (co_n * spec.taps,),
+                            (16 if self.rt.is_cpu else 64,))
 
     def bias_grad(self, t: rt.DevTensor, b: rt.DevTensor):
         """b[c] = sum of t[:, c] (one work-group per channel)."""
@@ -166,6 +290,14 @@ class _Call:
         geo = dataclasses.replace(self.geo, N=shape[0], G=1, CY=shape[1], Y=tuple(shape[2:]))
         d = self._desc(shape[1], geo, ys=strides, yo=t.offset, bo=b.offset, bs=b.strides[0], red=red)
         return self._run("bias_grad", d, (t, b), (t.buf, b.buf), _group_size(red))
+
+
+def dw_splits(channels: int, items: int, local: int, compute_units: int, cpu: bool) -> int:
+    """Work-groups per channel of the depthwise grad-weight: enough groups to fill the device (CPU: 4 per
+    core, GPU: 8 per compute unit), never fewer than 4 work-items' worth of items per group, at most 64."""
+    want = (4 if cpu else 8) * max(1, compute_units)
+    splits = max(1, min(64, -(-want // max(1, channels)), items // (4 * local)))
+    return splits
 
 
 def _group_size(reduction: int) -> int:
@@ -207,7 +339,8 @@ class OpenCLBackend(Backend):
         fmt, fmt_why = output_memory_format(problem)
         geo = geometry(problem)
         alg = ("depthwise" if geo.depthwise else "direct") + ("-transposed" if problem.params.transposed else "")
-        return Choice(alg, fmt, _reason(problem, geo, fmt_why, device),
+        spec, _ = dw_spec(problem, geo, fmt, device.kind == "cpu")
+        return Choice(alg, fmt, _reason(problem, geo, fmt_why, device, spec),
                       math="fp32-accumulate" if dt in ("float16", "bfloat16") else "ieee")
 
     def devices(self) -> list[DeviceInfo]:
@@ -253,7 +386,12 @@ class OpenCLBackend(Backend):
         return gi, gw, gb
 
 
-def _reason(problem: Problem, geo: Geometry, fmt_why: str, device: DeviceInfo) -> str:
+def _reason(problem: Problem, geo: Geometry, fmt_why: str, device: DeviceInfo, spec: DwSpec | None = None) -> str:
+    if spec is not None:
+        return (f"vectorised depthwise kernels (opencl/depthwise.cl, channel multiplier {geo.CY}) on {device.name}: "
+                f"{spec.describe()}; forward: dw_fwd; backward-data: dw_bwd_data; grad-weight: dw_bwd_weight, "
+                f"work-groups of {spec.red_local} per (channel, split) + dw_finalize when split; W-strided "
+                f"tensors run the generic kernels; grad-bias: one work-group per channel; results {fmt_why}")
     t = problem.params.transposed
     kind = f"depthwise kernels (channel multiplier {geo.CY})" if geo.depthwise else "direct kernels"
     gather = f"one work-item per output element summing {geo.CY if t else geo.CX} channel(s) x {geo.taps} tap(s)"

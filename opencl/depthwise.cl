@@ -1,0 +1,401 @@
+/* portconv OpenCL depthwise kernels (dw_*): forward, backward-data and backward-weight of a depthwise
+ * convolution (CX == 1, dilation 1, not transposed) whose x and y rows are contiguous along W.
+ * Same canonical convolution and descriptor as conv.cl (Note [canonical convolution] in common.h).
+ *
+ * Note [depthwise kernels]: work-item dimension 0 runs along the contiguous W axis and every work-item
+ * produces DW_VW neighbouring W outputs as one OpenCL vector (explicit SIMD: PoCL on the CPU turns a
+ * float8 into one AVX register, a GPU runs it as DW_VW scalars per work-item). Kernel sizes and strides
+ * are compile-time constants (-DDW_K0/1/2, -DDW_S0/1/2), so the tap loops unroll, the stride-2 loads are
+ * one wide load plus .even, and the parity of the stride-2 backward-data is a constant per tap.
+ * Borders: a vector load is one unaligned vload when its whole span lies inside the row and an
+ * element-wise masked load otherwise (first/last vectors of a row only); rows (H, D) that fall into the
+ * padding are skipped per work-item. No integer division per element, only per work-item.
+ *
+ * Defines (host, one program per set): DTYPE_F32 | DTYPE_F64, optional IDX64, DW_VW (4 or 8), DW_RB (rows
+ * computed together by one work-item of dw_fwd/dw_bwd_data), DW_NB (such row blocks per work-item),
+ * DW_K0, DW_K1, DW_K2, DW_S0, DW_S1, DW_S2 (each stride 1 or 2).
+ */
+#include "common.h"
+
+#if defined(DTYPE_F32)
+#define TNAME float
+#elif defined(DTYPE_F64)
+#define TNAME double
+#else
+#error "portconv: the depthwise kernels take float32 and float64 (ACC == T)"
+#endif
+
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+#if DW_VW == 4
+#define DW_HW 2
+#define DW_VW2 8
+#elif DW_VW == 8
+#define DW_HW 4
+#define DW_VW2 16
+#else
+#error "portconv: DW_VW must be 4 or 8"
+#endif
+#define VT CAT(TNAME, DW_VW)   /* DW_VW outputs */
+#define HT CAT(TNAME, DW_HW)   /* half of them (stride-2 backward-data parity classes) */
+
+/* Vector loads and stores. DW_CPU (CPU devices, set by the host): a dereference of a vector type with
+ * the element's alignment, which clang compiles to one unaligned vector access (PoCL's library
+ * vloadn/vstoren are out-of-line calls, and element lists stay element-wise inserts). Elsewhere
+ * (GPUs): vloadn/vstoren. The private-array forms (border paths only) are element lists. */
+#define L2(p) (p)[0], (p)[1]
+#define L4(p) L2(p), L2((p) + 2)
+#define L8(p) L4(p), L4((p) + 4)
+#define VLOADP(p) ((VT)(CAT(L, DW_VW)(p)))
+#define HLOADP(p) ((HT)(CAT(L, DW_HW)(p)))
+#ifdef DW_CPU
+typedef VT __attribute__((aligned(sizeof(T)))) vt_unaligned;
+typedef HT __attribute__((aligned(sizeof(T)))) ht_unaligned;
+#define VLOAD(p) (*(__global const vt_unaligned *)(p))
+#define HLOAD(p) (*(__global const ht_unaligned *)(p))
+#define VSTORE(v, p) (*(__global vt_unaligned *)(p) = (v))
+#else
+#define VLOAD(p) CAT(vload, DW_VW)(0, (p))
+#define HLOAD(p) CAT(vload, DW_HW)(0, (p))
+#define VSTORE(v, p) CAT(vstore, DW_VW)((v), 0, (p))
+#endif
+#if DW_VW == 8
+#define VSTOREP(v, p) do { (p)[0] = (v).s0; (p)[1] = (v).s1; (p)[2] = (v).s2; (p)[3] = (v).s3; \
+                           (p)[4] = (v).s4; (p)[5] = (v).s5; (p)[6] = (v).s6; (p)[7] = (v).s7; } while (0)
+#else
+#define VSTOREP(v, p) do { (p)[0] = (v).s0; (p)[1] = (v).s1; (p)[2] = (v).s2; (p)[3] = (v).s3; } while (0)
+#endif
+/* a*b+c: contracted to an FMA (OpenCL's default FP_CONTRACT), without PoCL's out-of-line fma() */
+#define FMA(a, b, c) ((a) * (b) + (c))
+#define TAPS (DW_K0 * DW_K1 * DW_K2)
+/* PoCL's optimiser does not inline every helper by itself: an out-of-line row function with a run-time
+ * `inner` costs more than the loads it does. */
+#define DW_INLINE inline __attribute__((always_inline))
+
+/* DW_VW elements of a row (element offset `row`) at columns c0, c0+1, ...; zero outside [0, X) and for
+ * lanes >= nv. One vload when all are inside. */
+DW_INLINE VT ld_v(__global const T *p, idx_t row, idx_t c0, idx_t X, idx_t nv) {
+    if (c0 >= 0 && c0 + DW_VW <= X && nv >= DW_VW) return VLOAD(p + row + c0);
+    T t[DW_VW];
+    for (int k = 0; k < DW_VW; ++k) {
+        const idx_t c = c0 + k;
+        t[k] = (c >= 0 && c < X && k < nv) ? p[row + c] : (T)0;
+    }
+    return VLOADP(t);
+}
+
+/* DW_HW elements at columns c0, c0+1, ... (zero outside [0, X)). */
+DW_INLINE HT ld_h(__global const T *p, idx_t row, idx_t c0, idx_t X) {
+    if (c0 >= 0 && c0 + DW_HW <= X) return HLOAD(p + row + c0);
+    T t[DW_HW];
+    for (int k = 0; k < DW_HW; ++k) {
+        const idx_t c = c0 + k;
+        t[k] = (c >= 0 && c < X) ? p[row + c] : (T)0;
+    }
+    return HLOADP(t);
+}
+
+/* DW_VW elements at columns c0, c0+DW_S2, ... (zero outside [0, X) and for lanes >= nv). */
+DW_INLINE VT ld_x(__global const T *p, idx_t row, idx_t c0, idx_t X, idx_t nv) {
+#if DW_S2 == 1
+    return ld_v(p, row, c0, X, nv);
+#else
+    if (c0 >= 0 && c0 + DW_VW2 <= X && nv >= DW_VW) {
+        /* two DW_VW loads and their even lanes (a 2*DW_VW vector would exceed an AVX2 register pair's ABI) */
+        const VT lo = VLOAD(p + row + c0), hi = VLOAD(p + row + c0 + DW_VW);
+        return (VT)(lo.even, hi.even);
+    }
+    T t[DW_VW];
+    for (int k = 0; k < DW_VW; ++k) {
+        const idx_t c = c0 + 2 * k;
+        t[k] = (c >= 0 && c < X && k < nv) ? p[row + c] : (T)0;
+    }
+    return VLOADP(t);
+#endif
+}
+
+/* ld_x where the whole span is known to be inside the row (interior work-items). */
+DW_INLINE VT ldx_in(__global const T *p, idx_t at) {
+#if DW_S2 == 1
+    return VLOAD(p + at);
+#else
+    const VT lo = VLOAD(p + at), hi = VLOAD(p + at + DW_VW);
+    return (VT)(lo.even, hi.even);
+#endif
+}
+
+/* Columns an interior work-item's x loads span from its first column c0: all taps, all lanes. */
+#if DW_S2 == 1
+#define X_SPAN (DW_VW + DW_K2 - 1)
+#else
+#define X_SPAN (2 * DW_VW + DW_K2 - 1)
+#endif
+
+DW_INLINE void st_v(__global T *p, idx_t at, VT v, idx_t nv) {
+    if (nv >= DW_VW) {
+        VSTORE(v, p + at);
+        return;
+    }
+    T t[DW_VW];
+    VSTOREP(v, t);
+    for (int k = 0; k < DW_VW; ++k)
+        if (k < nv) p[at + k] = t[k];
+}
+
+DW_INLINE ACC hsum(VT v) {
+#if DW_VW == 8
+    const CAT(TNAME, 4) a = v.lo + v.hi;
+#else
+    const CAT(TNAME, 4) a = v;
+#endif
+    const CAT(TNAME, 2) b = a.lo + a.hi;
+    return b.x + b.y;
+}
+
+/* DW_RB output rows oh0 .. oh0+DW_RB of the forward pass, DW_VW outputs each, with the TAPS weights in
+ * registers: every input row the block touches is loaded once (DW_K2 shifted vectors) and added into each
+ * output row it reaches, so the block's DW_RB accumulators are independent chains. `inner` is a constant at
+ * each call site: the interior variant has no column checks. Rows past Y1 are computed but not stored. */
+DW_INLINE void fwd_rows(const conv_desc *d, __global const T *x, const T *wr, idx_t xb, idx_t od, idx_t oh0,
+                        idx_t c0, T bias, VT *acc, const int inner) {
+#pragma unroll
+    for (int j = 0; j < DW_RB; ++j) acc[j] = (VT)bias;
+#pragma unroll
+    for (int r0 = 0; r0 < DW_K0; ++r0) {
+        const idx_t iz = od * DW_S0 - d->P[0] + r0;
+        if (iz >= 0 && iz < d->X[0]) {
+#pragma unroll
+            for (int ii = 0; ii < (DW_RB - 1) * DW_S1 + DW_K1; ++ii) {
+                const idx_t iy = oh0 * DW_S1 - d->P[1] + ii;
+                if (iy >= 0 && iy < d->X[1]) {
+                    const idx_t row = xb + iz * d->xs[2] + iy * d->xs[3];
+                    VT xv[DW_K2];
+#pragma unroll
+                    for (int r2 = 0; r2 < DW_K2; ++r2)
+                        xv[r2] = inner ? ldx_in(x, row + c0 + r2) : ld_x(x, row, c0 + r2, d->X[2], DW_VW);
+#pragma unroll
+                    for (int j = 0; j < DW_RB; ++j) {
+                        const int r1 = ii - j * DW_S1;
+                        if (r1 >= 0 && r1 < DW_K1) {
+#pragma unroll
+                            for (int r2 = 0; r2 < DW_K2; ++r2)
+                                acc[j] = FMA(xv[r2], (VT)wr[(r0 * DW_K1 + r1) * DW_K2 + r2], acc[j]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* Forward: work-item (W block, row block, (n, co, od)) writes y[n, co, od, oh, ow0 .. ow0+DW_VW) for the
+ * DW_RB*DW_NB rows oh of its row block; the taps' weights are held in registers across the rows. */
+__kernel void dw_fwd(const conv_desc d, __global const T *x, __global const T *w, __global const T *b,
+                     __global T *y) {
+    const idx_t ow0 = (idx_t)get_global_id(0) * DW_VW;
+    const idx_t oh0 = (idx_t)get_global_id(1) * (DW_RB * DW_NB);
+    const idx_t pz = (idx_t)get_global_id(2);
+    if (ow0 >= d.Y[2] || oh0 >= d.Y[1] || pz >= d.total) return;
+    const idx_t CO = d.G * d.CY;
+    const idx_t od = pz % d.Y[0], nc = pz / d.Y[0];
+    const idx_t co = nc % CO, n = nc / CO, g = co / d.CY;
+    const idx_t xb = d.xo + n * d.xs[0] + g * d.xs[1];
+    const idx_t wb = d.wo + co * d.ws[0];
+    const idx_t c0 = ow0 * DW_S2 - d.P[2];
+    const idx_t nv = d.Y[2] - ow0;
+    const idx_t oh1 = oh0 + DW_RB * DW_NB < d.Y[1] ? oh0 + DW_RB * DW_NB : d.Y[1];
+    const idx_t yb = d.yo + n * d.ys[0] + co * d.ys[1] + od * d.ys[2] + ow0;
+    const T bias = d.has_bias ? b[d.bo + co * d.bs] : (T)0;
+    T wr[TAPS];
+#pragma unroll
+    for (int t = 0; t < TAPS; ++t)
+        wr[t] = w[wb + (t / (DW_K1 * DW_K2)) * d.ws[2] + ((t / DW_K2) % DW_K1) * d.ws[3] + (t % DW_K2) * d.ws[4]];
+    const int inner = c0 >= 0 && c0 + X_SPAN <= d.X[2] && nv >= DW_VW;
+    for (idx_t oh = oh0; oh < oh1; oh += DW_RB) {
+        VT acc[DW_RB];
+        if (inner) {
+            fwd_rows(&d, x, wr, xb, od, oh, c0, bias, acc, 1);
+        } else {
+            fwd_rows(&d, x, wr, xb, od, oh, c0, bias, acc, 0);
+        }
+        if (inner && oh + DW_RB <= oh1) {
+#pragma unroll
+            for (int j = 0; j < DW_RB; ++j) VSTORE(acc[j], y + yb + (oh + j) * d.ys[3]);
+        } else {
+#pragma unroll
+            for (int j = 0; j < DW_RB; ++j)
+                if (oh + j < oh1) st_v(y, yb + (oh + j) * d.ys[3], acc[j], nv);
+        }
+    }
+}
+
+/* One row of the backward-data pass for output channel co (see dw_bwd_data). */
+DW_INLINE void bwd_row(const conv_desc *d, __global const T *y, __global const T *w, idx_t n, idx_t co, idx_t iz,
+                    idx_t ih, idx_t iw0, VT *acc, HT *ae, HT *ao, const int inner) {
+    const idx_t yb = d->yo + n * d->ys[0] + co * d->ys[1];
+    const idx_t wb = d->wo + co * d->ws[0];
+#pragma unroll
+    for (int r0 = 0; r0 < DW_K0; ++r0) {
+        const idx_t t0 = iz + d->P[0] - r0;
+        const idx_t oz = t0 / DW_S0;
+#pragma unroll
+        for (int r1 = 0; r1 < DW_K1; ++r1) {
+            const idx_t t1 = ih + d->P[1] - r1;
+            const idx_t oy = t1 / DW_S1;
+            if (t0 >= 0 && t0 % DW_S0 == 0 && oz < d->Y[0] && t1 >= 0 && t1 % DW_S1 == 0 && oy < d->Y[1]) {
+                const idx_t row = yb + oz * d->ys[2] + oy * d->ys[3];
+                const idx_t wr = wb + r0 * d->ws[2] + r1 * d->ws[3];
+#pragma unroll
+                for (int r2 = 0; r2 < DW_K2; ++r2) {
+                    const T wv = w[wr + r2 * d->ws[4]];
+                    const idx_t te = iw0 + d->P[2] - r2;
+#if DW_S2 == 1
+                    const VT yv = inner ? VLOAD(y + row + te) : ld_v(y, row, te, d->Y[2], DW_VW);
+                    *acc = FMA(yv, (VT)wv, *acc);
+#else
+                    /* iw0 is even: lane 2m needs o = te/2 + m when te is even, lane 2m+1 o = (te+1)/2 + m
+                     * when te is odd (>> 1 is the floor division, exact here). */
+                    const idx_t o = (te + 1) >> 1;
+                    const HT yv = inner ? HLOAD(y + row + o) : ld_h(y, row, o, d->Y[2]);
+                    if ((te & 1) == 0)
+                        *ae = FMA(yv, (HT)wv, *ae);
+                    else
+                        *ao = FMA(yv, (HT)wv, *ao);
+#endif
+                }
+            }
+        }
+    }
+}
+
+/* Backward-data: work-item (W block, row block, (n, g, iz)) writes x[n, g, iz, ih, iw0 .. iw0+DW_VW) for the
+ * DW_RB rows ih of its block, summing gy[o] * w[r] over the taps with o*S - P + r == i and the CY output
+ * channels of group g. Stride 2 along W: even lanes take the taps of one parity and odd lanes the other,
+ * each a stride-1 load of DW_VW/2 gy elements. */
+__kernel void dw_bwd_data(const conv_desc d, __global const T *y, __global const T *w, __global const T *b,
+                          __global T *x) {
+    const idx_t iw0 = (idx_t)get_global_id(0) * DW_VW;
+    const idx_t ih0 = (idx_t)get_global_id(1) * (DW_RB * DW_NB);
+    const idx_t pz = (idx_t)get_global_id(2);
+    if (iw0 >= d.X[2] || ih0 >= d.X[1] || pz >= d.total) return;
+    const idx_t iz = pz % d.X[0], ng = pz / d.X[0];
+    const idx_t g = ng % d.G, n = ng / d.G;
+    const idx_t nv = d.X[2] - iw0;
+    const idx_t ih1 = ih0 + DW_RB * DW_NB < d.X[1] ? ih0 + DW_RB * DW_NB : d.X[1];
+    const idx_t xrow = d.xo + n * d.xs[0] + g * d.xs[1] + iz * d.xs[2] + iw0;
+    /* interior: every gy column any tap reads lies in [0, Y2) */
+#if DW_S2 == 1
+    const int inner = iw0 + d.P[2] - (DW_K2 - 1) >= 0 && iw0 + d.P[2] + DW_VW <= d.Y[2] && nv >= DW_VW;
+#else
+    const int inner = iw0 + d.P[2] - (DW_K2 - 1) >= 0 && ((iw0 + d.P[2] + 1) >> 1) + DW_HW <= d.Y[2] && nv >= DW_VW;
+#endif
+    for (idx_t ih = ih0; ih < ih1; ++ih) {
+        VT acc = (VT)0;
+        HT ae = (HT)0, ao = (HT)0;
+        for (idx_t k = 0; k < d.CY; ++k) {
+            if (inner)
+                bwd_row(&d, y, w, n, g * d.CY + k, iz, ih, iw0, &acc, &ae, &ao, 1);
+            else
+                bwd_row(&d, y, w, n, g * d.CY + k, iz, ih, iw0, &acc, &ae, &ao, 0);
+        }
+#if DW_S2 != 1
+        acc.even = ae;
+        acc.odd = ao;
+#endif
+        if (inner)
+            VSTORE(acc, x + xrow + ih * d.xs[3]);
+        else
+            st_v(x, xrow + ih * d.xs[3], acc, nv);
+    }
+}
+
+/* One position of the backward-weight reduction: acc[tap] += x(tap) * gy for the DW_VW outputs at c0. */
+DW_INLINE void bww_item(const conv_desc *d, __global const T *x, idx_t xn, idx_t oz, idx_t oy, idx_t c0, idx_t nv,
+                        VT gy, VT *acc, const int inner) {
+#pragma unroll
+    for (int r0 = 0; r0 < DW_K0; ++r0) {
+        const idx_t iz = oz * DW_S0 - d->P[0] + r0;
+#pragma unroll
+        for (int r1 = 0; r1 < DW_K1; ++r1) {
+            const idx_t iy = oy * DW_S1 - d->P[1] + r1;
+            if (iz >= 0 && iz < d->X[0] && iy >= 0 && iy < d->X[1]) {
+                const idx_t row = xn + iz * d->xs[2] + iy * d->xs[3];
+#pragma unroll
+                for (int r2 = 0; r2 < DW_K2; ++r2) {
+                    const int t = (r0 * DW_K1 + r1) * DW_K2 + r2;
+                    const VT xv = inner ? ldx_in(x, row + c0 + r2) : ld_x(x, row, c0 + r2, d->X[2], nv);
+                    acc[t] = FMA(xv, gy, acc[t]);
+                }
+            }
+        }
+    }
+}
+
+/* Backward-weight: work-group (split s, output channel co) of L work-items. The group's share of the
+ * N x Y0 x Y1 x (W blocks) positions is [s*red, min(cnt, (s+1)*red)); work-item l walks it from l in
+ * steps of L (a mixed-radix position, no divisions) keeping TAPS vector accumulators, then the lanes are
+ * added in a fixed tree and the work-items' partials in a fixed tree in local memory. One split writes
+ * the weight; several write partials[(co*splits + s)*TAPS + tap], which dw_finalize adds in split order.
+ * Deterministic, no atomics. */
+__kernel void dw_bwd_weight(const conv_desc d, __global const T *x, __global const T *y, __global T *w,
+                            __global ACC *part, __local ACC *scratch) {
+    const idx_t s = (idx_t)get_group_id(0);
+    const idx_t splits = (idx_t)get_num_groups(0);
+    const idx_t co = (idx_t)get_group_id(1);
+    const int l = (int)get_local_id(0);
+    const int L = (int)get_local_size(0);
+    const idx_t nb = (d.Y[2] + DW_VW - 1) / DW_VW;
+    const idx_t cnt = d.N * d.Y[0] * d.Y[1] * nb;
+    const idx_t jb = s * d.red;
+    const idx_t je = jb + d.red < cnt ? jb + d.red : cnt;
+    const idx_t g = co / d.CY;
+    const idx_t xb = d.xo + g * d.xs[1];
+    const idx_t yb = d.yo + co * d.ys[1];
+    VT acc[TAPS];
+#pragma unroll
+    for (int t = 0; t < TAPS; ++t) acc[t] = (VT)0;
+    if (jb + l < je) {
+        const pos4 step = pos4_of((idx_t)L, d.Y[0], d.Y[1], nb);
+        pos4 q = pos4_of(jb + l, d.Y[0], d.Y[1], nb);
+        for (idx_t j = jb + l; j < je; j += L, pos4_add(&q, step, d.Y[0], d.Y[1], nb)) {
+            const idx_t ow0 = q.x * DW_VW;
+            const idx_t nv = d.Y[2] - ow0;
+            const VT gy = ld_v(y, yb + q.b * d.ys[0] + q.z * d.ys[2] + q.y * d.ys[3], ow0, d.Y[2], nv);
+            const idx_t c0 = ow0 * DW_S2 - d.P[2];
+            const idx_t xn = xb + q.b * d.xs[0];
+            if (c0 >= 0 && c0 + X_SPAN <= d.X[2] && nv >= DW_VW)
+                bww_item(&d, x, xn, q.z, q.y, c0, nv, gy, acc, 1);
+            else
+                bww_item(&d, x, xn, q.z, q.y, c0, nv, gy, acc, 0);
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < TAPS; ++t) scratch[t * L + l] = hsum(acc[t]);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int h = L >> 1; h > 0; h >>= 1) {
+        if (l < h)
+            for (int t = 0; t < TAPS; ++t) scratch[t * L + l] += scratch[t * L + l + h];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    for (int t = l; t < TAPS; t += L) {
+        const ACC v = scratch[t * L];
+        if (splits == 1) {
+            const int r2 = t % DW_K2, r1 = (t / DW_K2) % DW_K1, r0 = t / (DW_K1 * DW_K2);
+            w[d.wo + co * d.ws[0] + r0 * d.ws[2] + r1 * d.ws[3] + r2 * d.ws[4]] = v;
+        } else {
+            part[(co * splits + s) * TAPS + t] = v;
+        }
+    }
+}
+
+/* Adds the splits' partials of one weight element in split order (d.red = splits, d.total = CO*TAPS). */
+__kernel void dw_finalize(const conv_desc d, __global const ACC *part, __global T *w) {
+    const idx_t i = (idx_t)get_global_id(0);
+    if (i >= d.total) return;
+    const idx_t co = i / TAPS;
+    const int t = (int)(i - co * TAPS);
+    ACC v = 0;
+    for (idx_t s = 0; s < d.red; ++s) v += part[(co * d.red + s) * TAPS + t];
+    const int r2 = t % DW_K2, r1 = (t / DW_K2) % DW_K1, r0 = t / (DW_K1 * DW_K2);
+    w[d.wo + co * d.ws[0] + r0 * d.ws[2] + r1 * d.ws[3] + r2 * d.ws[4]] = v;
+}
