@@ -11,8 +11,9 @@
  * step, so the gather index is decoded once per step and shared by its A and B loads. Backward-weight splits
  * its long reduction over grid z (partial sums in a workspace, summed by portconv_split_finalize).
  * Channels-last problems order the reduction channel-innermost so consecutive threads read consecutive
- * addresses. Tensor-core tiles (PC_TENSOR_CORES, CUDA only) would replace the FMA loop in pc_igemm_run;
- * this file holds the portable tile only.
+ * addresses. Tensor-core tiles (PC_TENSOR_CORES=1, CUDA only) replace this FMA tile with pc_igemm_tc_run of
+ * conv_igemm_tc.cuh (Note [tensor-core implicit GEMM]) over the same Op structs; A and B take the element type
+ * they return (pc_acc_t for this tile, raw bits or float for the tensor-core one).
  */
 #pragma once
 
@@ -29,6 +30,25 @@
 #define PC_BJ (PC_BN / PC_LQ)
 #define PC_TM (PC_BM / 16)
 #define PC_TN (PC_BN / 16)
+
+/* One gathered element as V: pc_acc_t (converted by pc_ld), or the raw 16-bit bits of a half type. */
+template <class V>
+struct pc_gather {
+    template <class P>
+    static PC_DEVICE V ld(const P *p, pc_idx i) { return pc_ld(p, i); }
+};
+template <>
+struct pc_gather<unsigned short> {
+    template <class P>
+    static PC_DEVICE unsigned short ld(const P *p, pc_idx i) { return p[i].bits; }
+};
+
+/* 0 <= i < n in one unsigned comparison. */
+#if PC_INDEX64
+PC_DEVICE bool pc_inside(pc_idx i, pc_idx n) { return (unsigned long long)i < (unsigned long long)n; }
+#else
+PC_DEVICE bool pc_inside(pc_idx i, pc_idx n) { return (unsigned)i < (unsigned)n; }
+#endif
 
 /* Shape fields shared by the three problem descriptions. */
 struct pc_igemm_base {
@@ -85,8 +105,9 @@ struct pc_igemm_fwd_op : pc_igemm_base {
         pc_idx n, o0, o1, o2;
         t.ok = m < M;
         pc_unflatten4(t.ok ? m : 0, Y0, Y1, Y2, n, o0, o1, o2);
-        t.xo = n * xs0 + g * Cg * xs1;
         t.i0 = o0 * S0 - P0, t.i1 = o1 * S1 - P1, t.i2 = o2 * S2 - P2;
+        t.xo = n * xs0 + g * Cg * xs1 + t.i0 * xs2 + t.i1 * xs3 + t.i2 * xs4; /* X offset of tap 0 (may be < 0) */
+        if (!t.ok) t.i0 = X0; /* every tap out of range (r.d0 >= 0) */
         return t;
     }
     PC_DEVICE Col col(pc_idx k, pc_idx NC) const {
@@ -100,16 +121,22 @@ struct pc_igemm_fwd_op : pc_igemm_base {
         pc_idx c, r0, r1, r2;
         t.ok = r < rend;
         chan_tap(t.ok ? r : 0, Cg, cl, c, r0, r1, r2);
-        t.xo = c * xs1, t.wo = c * ws1 + r0 * ws2 + r1 * ws3 + r2 * ws4;
+        t.wo = c * ws1 + r0 * ws2 + r1 * ws3 + r2 * ws4;
         t.d0 = r0 * D0, t.d1 = r1 * D1, t.d2 = r2 * D2;
+        t.xo = c * xs1 + t.d0 * xs2 + t.d1 * xs3 + t.d2 * xs4;
+        if (!t.ok) t.d0 = X0 + P0; /* out of range for every row (m.i0 >= -P0) */
         return t;
     }
-    PC_DEVICE pc_acc_t A(const Row &m, const Red &r) const {
-        const pc_idx i0 = m.i0 + r.d0, i1 = m.i1 + r.d1, i2 = m.i2 + r.d2;
-        if (!(m.ok && r.ok) || i0 < 0 || i0 >= X0 || i1 < 0 || i1 >= X1 || i2 < 0 || i2 >= X2) return 0;
-        return pc_ld(x, m.xo + r.xo + i0 * xs2 + i1 * xs3 + i2 * xs4);
+    template <class V = pc_acc_t>
+    PC_DEVICE V A(const Row &m, const Red &r) const {
+        /* !m.ok and !r.ok were folded into i0 (row() and red()) */
+        if (!(pc_inside(m.i0 + r.d0, X0) && pc_inside(m.i1 + r.d1, X1) && pc_inside(m.i2 + r.d2, X2))) return V(0);
+        return pc_gather<V>::ld(x, m.xo + r.xo);
     }
-    PC_DEVICE pc_acc_t B(const Red &r, const Col &n) const { return (r.ok && n.ok) ? pc_ld(w, n.wo + r.wo) : 0; }
+    template <class V = pc_acc_t>
+    PC_DEVICE V B(const Red &r, const Col &n) const {
+        return (r.ok && n.ok) ? pc_gather<V>::ld(w, n.wo + r.wo) : V(0);
+    }
     PC_DEVICE void store(pc_idx m, pc_idx k, pc_acc_t v) const {
         pc_idx n, o0, o1, o2;
         pc_unflatten4(m, Y0, Y1, Y2, n, o0, o1, o2);
@@ -163,14 +190,18 @@ struct pc_igemm_bwd_data_op : pc_igemm_base {
         }
         return o < O;
     }
-    PC_DEVICE pc_acc_t A(const Row &m, const Red &r) const {
+    template <class V = pc_acc_t>
+    PC_DEVICE V A(const Row &m, const Red &r) const {
         pc_idx o0, o1, o2;
         if (!(m.ok && r.ok) || !out_of(m.t0 - r.d0, S0, Y0, o0) || !out_of(m.t1 - r.d1, S1, Y1, o1) ||
             !out_of(m.t2 - r.d2, S2, Y2, o2))
-            return 0;
-        return pc_ld(dy, m.yo + r.yo + o0 * ys2 + o1 * ys3 + o2 * ys4);
+            return V(0);
+        return pc_gather<V>::ld(dy, m.yo + r.yo + o0 * ys2 + o1 * ys3 + o2 * ys4);
     }
-    PC_DEVICE pc_acc_t B(const Red &r, const Col &n) const { return (r.ok && n.ok) ? pc_ld(w, n.wo + r.wo) : 0; }
+    template <class V = pc_acc_t>
+    PC_DEVICE V B(const Red &r, const Col &n) const {
+        return (r.ok && n.ok) ? pc_gather<V>::ld(w, n.wo + r.wo) : V(0);
+    }
     PC_DEVICE void store(pc_idx m, pc_idx c, pc_acc_t v) const {
         pc_idx n, i0, i1, i2;
         pc_unflatten4(m, X0, X1, X2, n, i0, i1, i2);
@@ -203,8 +234,9 @@ struct pc_igemm_bwd_weight_op : pc_igemm_base {
         pc_idx c, r0, r1, r2;
         t.ok = n < NC;
         chan_tap(t.ok ? n : 0, Cg, false, c, r0, r1, r2);
-        t.xo = (g * Cg + c) * xs1;
         t.d0 = r0 * D0 - P0, t.d1 = r1 * D1 - P1, t.d2 = r2 * D2 - P2;
+        t.xo = (g * Cg + c) * xs1 + t.d0 * xs2 + t.d1 * xs3 + t.d2 * xs4;
+        if (!t.ok) t.d0 = X0; /* out of range for every position (r.b0 >= 0) */
         return t;
     }
     PC_DEVICE Red red(pc_idx r, pc_idx rend) const {
@@ -212,15 +244,20 @@ struct pc_igemm_bwd_weight_op : pc_igemm_base {
         pc_idx n, o0, o1, o2;
         t.ok = r < rend;
         pc_unflatten4(t.ok ? r : 0, Y0, Y1, Y2, n, o0, o1, o2);
-        t.yo = n * ys0 + o0 * ys2 + o1 * ys3 + o2 * ys4, t.xo = n * xs0;
         t.b0 = o0 * S0, t.b1 = o1 * S1, t.b2 = o2 * S2;
+        t.yo = n * ys0 + o0 * ys2 + o1 * ys3 + o2 * ys4, t.xo = n * xs0 + t.b0 * xs2 + t.b1 * xs3 + t.b2 * xs4;
+        if (!t.ok) t.b0 = X0 + P0; /* out of range for every column (n.d0 >= -P0) */
         return t;
     }
-    PC_DEVICE pc_acc_t A(const Row &m, const Red &r) const { return (m.ok && r.ok) ? pc_ld(dy, m.yo + r.yo) : 0; }
-    PC_DEVICE pc_acc_t B(const Red &r, const Col &n) const {
-        const pc_idx i0 = r.b0 + n.d0, i1 = r.b1 + n.d1, i2 = r.b2 + n.d2;
-        if (!(r.ok && n.ok) || i0 < 0 || i0 >= X0 || i1 < 0 || i1 >= X1 || i2 < 0 || i2 >= X2) return 0;
-        return pc_ld(x, n.xo + r.xo + i0 * xs2 + i1 * xs3 + i2 * xs4);
+    template <class V = pc_acc_t>
+    PC_DEVICE V A(const Row &m, const Red &r) const {
+        return (m.ok && r.ok) ? pc_gather<V>::ld(dy, m.yo + r.yo) : V(0);
+    }
+    template <class V = pc_acc_t>
+    PC_DEVICE V B(const Red &r, const Col &n) const {
+        /* !r.ok and !n.ok were folded into b0 / d0 (red() and col()) */
+        if (!(pc_inside(r.b0 + n.d0, X0) && pc_inside(r.b1 + n.d1, X1) && pc_inside(r.b2 + n.d2, X2))) return V(0);
+        return pc_gather<V>::ld(x, n.xo + r.xo);
     }
     PC_DEVICE void store(pc_idx k, pc_idx n, pc_acc_t v) const {
         const pc_idx kk = g * Kg + k;
@@ -233,6 +270,96 @@ struct pc_igemm_bwd_weight_op : pc_igemm_base {
         pc_st(dw, kk * ws0 + c * ws1 + r0 * ws2 + r1 * ws3 + r2 * ws4, v);
     }
 };
+
+/* Note [bwd-data phases]: with dilation 1, dX position i (per axis) receives tap r only when (i + P - r) % S == 0.
+ * The generic bwd-data gather tests that per product (a division per axis, and S^d - 1 of every S^d products are
+ * zeros). Here grid z = groups x S0*S1*S2 phases q: a block's rows are the positions i = q + S*e of one phase,
+ * its reduction runs over (k, j) with tap r = rq + S*j, rq = (q + P) mod S, and the dY index is o = e + c - j with
+ * c = (q + P - rq) / S: no division, no zero terms. An axis with stride 1 is the one-phase case and may have any
+ * dilation: r = j, o = i + P - j*D (H = D below; H = 1 on strided axes, which need dilation 1). Positions of a
+ * phase no tap reaches (no j) get 0 (+ bias). The host picks it for igemm-tc plans whose every axis has stride 1
+ * or dilation 1 (the HIP set and the FMA-tile plans keep the generic bwd-data kernel). */
+struct pc_igemm_bwd_data_phase_op : pc_igemm_base {
+    const pc_t *dy, *w, *b;
+    pc_t *dx;
+    pc_idx bs, E0, E1, E2, T0, T1, T2, H0, H1, H2, tp, tpd, q0, q1, q2, rq0, rq1, rq2, c0, c1, c2;
+    struct Row { pc_idx yo, a0, a1, a2; bool ok; };
+    struct Col { pc_idx wo; bool ok; };
+    struct Red { pc_idx yo, wo, j0, j1, j2; bool ok; };
+    PC_DEVICE static void axis(pc_idx X, pc_idx R, pc_idx S, pc_idx P, pc_idx q, pc_idx &E, pc_idx &T, pc_idx &rq,
+                               pc_idx &c) {
+        E = q < X ? (X - q + S - 1) / S : 0;
+        rq = (q + P) % S;
+        T = rq < R ? (R - rq + S - 1) / S : 0;
+        c = (q + P - rq) / S;
+    }
+    PC_DEVICE pc_igemm_bwd_data_phase_op(const pc_conv_args &a, pc_idx grp, pc_idx phase) : pc_igemm_base(a, grp) {
+        dy = (const pc_t *)a.y, w = (const pc_t *)a.w, b = (const pc_t *)a.b, dx = (pc_t *)a.x, bs = (pc_idx)a.bs;
+        q2 = phase % S2, q1 = (phase / S2) % S1, q0 = phase / (S2 * S1);
+        axis(X0, (pc_idx)a.R[0], S0, P0, q0, E0, T0, rq0, c0);
+        axis(X1, R1, S1, P1, q1, E1, T1, rq1, c1);
+        axis(X2, R2, S2, P2, q2, E2, T2, rq2, c2);
+        tp = T0 * T1 * T2;
+        H0 = S0 == 1 ? D0 : 1, H1 = S1 == 1 ? D1 : 1, H2 = S2 == 1 ? D2 : 1;
+        tpd = tp ? tp : 1, T1 = T1 ? T1 : 1, T2 = T2 ? T2 : 1; /* divisors of red(); tp == 0: no reduction runs */
+    }
+    PC_DEVICE Row row(pc_idx m, pc_idx M) const {
+        Row t;
+        pc_idx n, e0, e1, e2;
+        t.ok = m < M;
+        pc_unflatten4(t.ok ? m : 0, E0, E1, E2, n, e0, e1, e2);
+        t.a0 = e0 + c0, t.a1 = e1 + c1, t.a2 = e2 + c2;
+        t.yo = n * ys0 + g * Kg * ys1 + t.a0 * ys2 + t.a1 * ys3 + t.a2 * ys4;
+        if (!t.ok) t.a0 = Y0 + T0 * H0; /* out of range for every tap (r.j0 < T0 * H0) */
+        return t;
+    }
+    PC_DEVICE Col col(pc_idx c, pc_idx NC) const {
+        Col t;
+        t.ok = c < NC;
+        t.wo = g * Kg * ws0 + (t.ok ? c : 0) * ws1;
+        return t;
+    }
+    PC_DEVICE Red red(pc_idx r, pc_idx rend) const {
+        Red t;
+        pc_idx k, j;
+        t.ok = r < rend;
+        const pc_idx rr = t.ok ? r : 0;
+        if (cl) {
+            j = rr / Kg;
+            k = rr - j * Kg;
+        } else {
+            k = rr / tpd;
+            j = rr - k * tpd;
+        }
+        t.j2 = j % T2;
+        j /= T2;
+        t.j1 = j % T1;
+        t.j0 = j / T1;
+        t.wo = k * ws0 + (rq0 + S0 * t.j0) * ws2 + (rq1 + S1 * t.j1) * ws3 + (rq2 + S2 * t.j2) * ws4;
+        t.j0 *= H0, t.j1 *= H1, t.j2 *= H2; /* from here on: dY steps */
+        t.yo = k * ys1 - t.j0 * ys2 - t.j1 * ys3 - t.j2 * ys4;
+        if (!t.ok) t.j0 = -Y0; /* out of range for every row (m.a0 >= 0) */
+        return t;
+    }
+    template <class V = pc_acc_t>
+    PC_DEVICE V A(const Row &m, const Red &r) const {
+        /* !m.ok and !r.ok were folded into a0 / j0 (row() and red()) */
+        if (!(pc_inside(m.a0 - r.j0, Y0) && pc_inside(m.a1 - r.j1, Y1) && pc_inside(m.a2 - r.j2, Y2))) return V(0);
+        return pc_gather<V>::ld(dy, m.yo + r.yo);
+    }
+    template <class V = pc_acc_t>
+    PC_DEVICE V B(const Red &r, const Col &n) const {
+        return (r.ok && n.ok) ? pc_gather<V>::ld(w, n.wo + r.wo) : V(0);
+    }
+    PC_DEVICE void store(pc_idx m, pc_idx c, pc_acc_t v) const {
+        pc_idx n, e0, e1, e2;
+        pc_unflatten4(m, E0, E1, E2, n, e0, e1, e2);
+        const pc_idx cc = g * Cg + c;
+        if (b) v += pc_ld(b, cc * bs);
+        pc_st(dx, n * xs0 + cc * xs1 + (q0 + S0 * e0) * xs2 + (q1 + S1 * e1) * xs3 + (q2 + S2 * e2) * xs4, v);
+    }
+};
+
 
 template <class Op>
 PC_DEVICE void pc_igemm_fetch(const Op &op, const typename Op::Row *rows, const typename Op::Col *cols, pc_idx r,
@@ -295,21 +422,41 @@ PC_DEVICE void pc_igemm_run(const Op &op, pc_idx M, pc_idx NC, pc_idx rbeg, pc_i
     }
 }
 
-PC_KERNEL void PC_LAUNCH_BOUNDS(PC_NT) portconv_igemm_fwd(const pc_conv_args a) {
+#if PC_TENSOR_CORES
+#include "conv_igemm_tc.cuh"
+#define pc_igemm_main pc_igemm_tc_run
+#define PC_IGEMM_BM PC_TC_BM
+#define PC_IGEMM_LB PC_NT, PC_TC_MINB /* launch bounds: threads, blocks per SM */
+#else
+#define pc_igemm_main pc_igemm_run
+#define PC_IGEMM_BM PC_BM
+#define PC_IGEMM_LB PC_NT
+#endif
+
+PC_KERNEL void PC_LAUNCH_BOUNDS(PC_IGEMM_LB) portconv_igemm_fwd(const pc_conv_args a) {
     const pc_igemm_fwd_op op(a, (pc_idx)blockIdx.z);
-    pc_igemm_run(op, (pc_idx)a.N * op.Y0 * op.Y1 * op.Y2, op.Kg, 0, op.Cg * op.taps);
+    pc_igemm_main(op, (pc_idx)a.N * op.Y0 * op.Y1 * op.Y2, op.Kg, 0, op.Cg * op.taps);
 }
 
-PC_KERNEL void PC_LAUNCH_BOUNDS(PC_NT) portconv_igemm_bwd_data(const pc_conv_args a) {
+PC_KERNEL void PC_LAUNCH_BOUNDS(PC_IGEMM_LB) portconv_igemm_bwd_data(const pc_conv_args a) {
     const pc_igemm_bwd_data_op op(a, (pc_idx)blockIdx.z);
-    pc_igemm_run(op, (pc_idx)a.N * op.X0 * op.X1 * op.X2, op.Cg, 0, op.Kg * op.taps);
+    pc_igemm_main(op, (pc_idx)a.N * op.X0 * op.X1 * op.X2, op.Cg, 0, op.Kg * op.taps);
 }
 
 /* Grid z = groups * splits; split s reduces positions [s*chunk, (s+1)*chunk) of N*Y0*Y1*Y2. */
-PC_KERNEL void PC_LAUNCH_BOUNDS(PC_NT) portconv_igemm_bwd_weight(const pc_conv_args a) {
+PC_KERNEL void PC_LAUNCH_BOUNDS(PC_IGEMM_LB) portconv_igemm_bwd_weight(const pc_conv_args a) {
     const pc_idx splits = (pc_idx)a.splits, z = (pc_idx)blockIdx.z;
     const pc_igemm_bwd_weight_op op(a, z / splits, z % splits);
     pc_idx lo, hi;
     pc_split_range((pc_idx)a.N * op.Y0 * op.Y1 * op.Y2, (pc_idx)a.chunk, z % splits, lo, hi);
-    pc_igemm_run(op, op.Kg, op.Cg * op.taps, lo, hi);
+    pc_igemm_main(op, op.Kg, op.Cg * op.taps, lo, hi);
+}
+
+/* Grid z = groups * S0*S1*S2 phases; grid x covers the largest phase (phase 0), smaller ones exit early. */
+PC_KERNEL void PC_LAUNCH_BOUNDS(PC_IGEMM_LB) portconv_igemm_bwd_data_phase(const pc_conv_args a) {
+    const pc_idx phases = (pc_idx)(a.S[0] * a.S[1] * a.S[2]), z = (pc_idx)blockIdx.z;
+    const pc_igemm_bwd_data_phase_op op(a, z / phases, z % phases);
+    const pc_idx M = (pc_idx)a.N * op.E0 * op.E1 * op.E2;
+    if ((pc_idx)blockIdx.x * PC_IGEMM_BM >= M) return;
+    pc_igemm_main(op, M, op.Cg, 0, op.Kg * op.tp);
 }

@@ -61,6 +61,40 @@ def test_rule_layout_index_width_and_dtypes():
         cuda.CudaBackend().choose(_problem((1, 2, 5, 5), (2, 2, 3, 3)), dataclasses.replace(H100, vendor="amd"))
 
 
+TC_TABLE = [  # (input, weight, kwargs, dtype, tf32 allowed, algorithm, words)
+    ((8, 64, 56, 56), (64, 64, 3, 3), dict(padding=1), "float16", False, "igemm-tc", "fp16 m16n8k16"),
+    ((2, 16, 7, 7), (16, 8, 4, 4), dict(stride=2, transposed=True), "bfloat16", False, "igemm-tc", "bf16 m16n8k16"),
+    ((8, 64, 56, 56), (64, 64, 3, 3), dict(padding=1), "float32", True, "igemm-tc", "tf32 m16n8k8"),
+    ((8, 64, 56, 56), (64, 64, 3, 3), dict(padding=1), "float32", False, "implicit_gemm", "shared-memory tiles"),
+    ((4, 3, 16), (8, 3, 5), dict(padding="same"), "float64", True, "implicit_gemm", "shared-memory tiles"),
+    ((2, 32, 14, 14), (64, 8, 3, 3), dict(groups=4, padding=1), "float16", True, "direct", "groups = 4"),
+]
+
+
+@pytest.mark.parametrize("x,w,kw,dtype,tf32,alg,words", TC_TABLE)
+def test_tensor_core_rule(x, w, kw, dtype, tf32, alg, words):
+    """Note [tensor-core implicit GEMM]: half types on sm_80+ always, float32 only with TF32 allowed (math 'tf32',
+    which the conformance tolerance reads), never float64, never the HIP set, never before sm_80."""
+    pr = _problem(x, w, dtype, **kw)
+    c = cuda.choose_for(pr, H100, "CUDA", tf32, "test setting")
+    assert c.algorithm == alg and words in c.reason, c
+    assert c.math == ("tf32" if alg == "igemm-tc" and dtype == "float32" else
+                      "fp32-accumulate" if dtype in ("float16", "bfloat16") else "ieee")
+    if alg == "igemm-tc":
+        assert "tensor cores" in c.reason
+        assert cuda.choose_for(pr, H100, "HIP", tf32).algorithm == "implicit_gemm"
+        assert cuda.choose_for(pr, dataclasses.replace(H100, arch="sm_75"), "CUDA", tf32).algorithm == "implicit_gemm"
+
+
+def test_tensor_core_tiles(monkeypatch):
+    assert cuda.tc_tile(25088, 64, 132) == cuda.TC_TILES["128x64"]
+    assert cuda.tc_tile(64, 1152, 132) == cuda.TC_TILES["64x128"]
+    assert cuda.tc_tile(100352, 256, 132) == cuda.TC_TILES["128x128"]
+    monkeypatch.setenv(cuda.TC_TILE_ENV, "64x128")
+    assert cuda.tc_tile(100352, 256, 132) == cuda.TC_TILES["64x128"]
+    assert cuda.sm_version("sm_90a") == 90 and cuda.sm_version("gfx90a") == 0
+
+
 def test_rocm_and_cpu_tensors_are_not_the_cuda_backends(monkeypatch):
     be = cuda.CudaBackend()
     cpu = Problem(ConvParams.make(2), dataclasses.replace(_spec((1, 2, 5, 5)), device_type="cpu", device_index=None),
@@ -75,12 +109,19 @@ def test_rocm_and_cpu_tensors_are_not_the_cuda_backends(monkeypatch):
 # --- on the GPU ---------------------------------------------------------------------------------------------------
 @pytest.fixture
 def gpu(requested_backends, monkeypatch):
+    """A CUDA device, poisoned outputs, and IEEE float32 (torch's TF32 conv policy off: float32 dense problems keep
+    the FMA tile here; the tensor-core tests turn TF32 on themselves)."""
+    from portconv.bench.settings import torch_variant
+
     if "cuda" not in requested_backends:
         pytest.skip("the cuda backend was not requested (pytest --backend cuda)")
     require_backend("cuda")
     monkeypatch.setenv("PORTCONV_POISON", "1")
     clear_cache()
-    return torch.device("cuda", torch.cuda.current_device())
+    with torch_variant(ieee=True):
+        yield torch.device("cuda", torch.cuda.current_device())
+    clear_cache()
+
 
 
 GPU_CASES = [  # (input, weight, conv kwargs, layout)
@@ -103,7 +144,8 @@ def test_every_algorithm_matches_float64(gpu, case, dtype):
     choice = be.choose(problem, be.device_for(problem))
     go = torch.randn(problem.output_shape, device=gpu).to(dtype)
     ref = reference(x, w, b, p, go)
-    for alg in ["direct", "implicit_gemm"] + (["depthwise"] if problem.is_depthwise else []):
+    algs = ["direct", "implicit_gemm"] + (["depthwise"] if problem.is_depthwise else [])
+    for alg in algs + (["igemm-tc"] if choice.algorithm == "igemm-tc" else []):
         plan = Plan(problem, BackendId.CUDA, alg, choice.memory_format, choice.reason, be.device_for(problem))
         y = be.forward(plan, x, w, b)
         grads = be.backward(plan, go, x, w, (True, True, True))
@@ -200,3 +242,94 @@ def test_profiler_sees_portconv_kernels(gpu):
     assert all(any(n == k or n.startswith(k + "_") for n in names)  # plain or a variant (_rows3s1 ...)
                for k in ("portconv_depthwise_fwd", "portconv_depthwise_bwd_data")), sorted(names)
     assert not [n for n in names if re.search(r"cudnn|xmma|conv_depthwise[23]d", n, re.I)], sorted(names)
+
+
+TC_CASES = [  # (input, weight, conv kwargs, layout): edges, dilation, strides, 1-D/3-D, transposed, channels-last
+    ((3, 40, 13, 11), (72, 40, 3, 3), dict(padding=1), "contig"),
+    ((2, 24, 17, 15), (136, 24, 3, 3), dict(padding=2, stride=2, dilation=2), "chlast"),
+    ((2, 8, 33), (20, 8, 4), dict(padding="same", dilation=2), "strided"),
+    ((1, 12, 6, 7, 8), (18, 12, 3, 3, 3), dict(padding=1, stride=(1, 2, 2)), "chlast"),
+    ((2, 36, 9, 9), (36, 20, 4, 4), dict(stride=2, padding=1, output_padding=1, transposed=True), "contig"),
+    ((4, 64, 28, 28), (160, 64, 1, 1), dict(), "chlast"),
+    ((2, 3, 64, 64), (16, 3, 7, 7), dict(stride=2, padding=3), "contig"),  # 147-long reduction, split-K weight grad
+]
+TC_TOL = {torch.float16: 1e-2, torch.bfloat16: 5e-2, torch.float32: 2e-3}  # float32 on TF32: 10-bit mantissas
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("case", range(len(TC_CASES)))
+def test_tensor_core_igemm(gpu, case, dtype):
+    """Note [tensor-core implicit GEMM] on the GPU: the plan picks 'igemm-tc' (float32: with TF32 allowed),
+    every direction matches float64, and the profiler sees portconv's igemm kernels, no cuDNN."""
+    from torch.profiler import ProfilerActivity, profile
+
+    xs, ws, kw, layout = TC_CASES[case]
+    x, w, b, p = _make(xs, ws, kw, layout, dtype, gpu)
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    old = conv.fp32_precision if conv is not None and hasattr(conv, "fp32_precision") else None
+    old_legacy = None if old is not None else torch.backends.cudnn.allow_tf32
+    try:
+        if old is not None:
+            conv.fp32_precision = "tf32"
+        else:
+            torch.backends.cudnn.allow_tf32 = True
+        clear_cache()
+        problem = Problem(p, spec_of(x), spec_of(w), True)
+        plan = portconv.plan(x, w, b, **kw, backend="cuda")
+        assert plan.algorithm == "igemm-tc", plan.reason
+        assert "tensor cores" in plan.reason and plan.math == ("tf32" if dtype == torch.float32 else "fp32-accumulate")
+        go = torch.randn(problem.output_shape, device=gpu).to(dtype)
+        ref = reference(x, w, b, p, go)
+        be = cuda.CudaBackend()
+        y = be.forward(plan, x, w, b)
+        grads = be.backward(plan, go, x, w, (True, True, True))
+        for name, got, r in zip(("output", "grad_input", "grad_weight", "grad_bias"), (y, *grads), ref):
+            assert got is not None and torch.isfinite(got).all(), name
+            err = ((got.double().cpu() - r).norm() / r.norm().clamp_min(1e-30)).item()
+            assert err < TC_TOL[dtype], f"igemm-tc {dtype} {name}: relative error {err:.3g}"
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            be.forward(plan, x, w, b)
+            be.backward(plan, go, x, w, (True, True, False))
+            torch.cuda.synchronize(gpu)
+        names = {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+        phase = "_phase" if all(s == 1 or d == 1 for s, d in zip(p.stride, p.dilation)) else ""  # [bwd-data phases]
+        assert {"portconv_igemm_fwd", f"portconv_igemm_bwd_data{phase}", "portconv_igemm_bwd_weight"} <= names, names
+        assert not [n for n in names if re.search(r"cudnn|xmma|sm\d+_", n, re.I)], sorted(names)
+    finally:
+        if old is not None:
+            conv.fp32_precision = old
+        else:
+            torch.backends.cudnn.allow_tf32 = old_legacy
+        clear_cache()
+    if dtype == torch.float32:  # IEEE float32 (the gpu fixture's policy): the FMA tile again
+        assert portconv.plan(x, w, b, **kw, backend="cuda").algorithm == "implicit_gemm"
+
+
+@pytest.mark.parametrize("tile", sorted(cuda.TC_TILES))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_tensor_core_every_tile(gpu, tile, dtype, monkeypatch):
+    """Every tile of cuda.TC_TILES (forced through PORTCONV_CUDA_IGEMM_TC_TILE) on an edge-heavy problem per kind:
+    channels-last with stride and dilation (generic gathers) and a transposed one (Note [bwd-data phases])."""
+    monkeypatch.setenv(cuda.TC_TILE_ENV, tile)
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    old = conv.fp32_precision if conv is not None and hasattr(conv, "fp32_precision") else None
+    if old is None:
+        pytest.skip("this torch has no torch.backends.cudnn.conv.fp32_precision")
+    conv.fp32_precision = "tf32"
+    try:
+        for case in (1, 4, 6):
+            xs, ws, kw, layout = TC_CASES[case]
+            x, w, b, p = _make(xs, ws, kw, layout, dtype, gpu)
+            clear_cache()
+            plan = portconv.plan(x, w, b, **kw, backend="cuda")
+            assert plan.algorithm == "igemm-tc", plan.reason
+            go = torch.randn(tuple(plan.problem.output_shape), device=gpu).to(dtype)
+            ref = reference(x, w, b, p, go)
+            be = cuda.CudaBackend()
+            got = (be.forward(plan, x, w, b), *be.backward(plan, go, x, w, (True, True, True)))
+            for name, g_, r in zip(("output", "grad_input", "grad_weight", "grad_bias"), got, ref):
+                err = ((g_.double().cpu() - r).norm() / r.norm().clamp_min(1e-30)).item()
+                assert err < TC_TOL[dtype], f"{tile} case {case} {dtype} {name}: relative error {err:.3g}"
+    finally:
+        conv.fp32_precision = old
+        clear_cache()

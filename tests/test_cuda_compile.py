@@ -62,11 +62,16 @@ def test_nvcc_builds_every_kernel(nvcc):
     Register spills are a performance matter (issue 5's), not wrong code, so they are not failures here."""
     jobs = [(e, a, {"PC_DTYPE": dt, "PC_INDEX64": 0}) for e in ENTRIES for a in ARCHS for dt in range(4)]
     jobs += [(e, "sm_90", {"PC_DTYPE": 0, "PC_INDEX64": 1}) for e in ENTRIES]
+    # the tensor-core tiles (Note [tensor-core implicit GEMM]): float32 (TF32), float16, bfloat16, every tile
+    tc = [{"PC_TENSOR_CORES": 1, "PC_TC_BM": bm, "PC_TC_BN": bn, "PC_TC_WM": wm}
+          for bm, bn, wm in cuda.TC_TILES.values()]
+    jobs += [("igemm.cu", a, {"PC_DTYPE": dt, "PC_INDEX64": 0, **t}) for a in ARCHS for dt in (0, 2, 3) for t in tc]
+    jobs += [("igemm.cu", "sm_90", {"PC_DTYPE": 2, "PC_INDEX64": 1, **tc[0]})]
     with tempfile.TemporaryDirectory() as tmp, concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 2) as ex:
         results = list(ex.map(lambda j: _compile(nvcc, *j, tmp), jobs))
     failures = [f"{cmd}\n{err}" for cmd, rc, err in results if rc != 0 or "warning" in err.lower()]
     assert not failures, "\n\n".join(failures)
-    assert len(results) == len(ENTRIES) * (len(ARCHS) * 4 + 1)
+    assert len(results) == len(ENTRIES) * (len(ARCHS) * 4 + 1) + len(ARCHS) * 3 * len(tc) + 1
 
 
 def test_sources_are_self_contained():
@@ -77,6 +82,16 @@ def test_sources_are_self_contained():
         text = inline_source(entry, [CUDA_DIR])
         assert "#include" not in text
         assert text.count("struct pc_conv_args {") == 1
+
+
+def test_tensor_core_tile_is_cuda_only():
+    """igemm.cu carries the tensor-core tile under PC_TENSOR_CORES; the HIP prelude refuses it; the emulator is
+    pinned to the FMA tile."""
+    text = inline_source("igemm.cu", [CUDA_DIR])
+    assert "pc_igemm_tc_run" in text and "mma.sync.aligned.m16n8k16" in text and "#if PC_TENSOR_CORES" in text
+    hip = (ROOT / "hip" / "prelude_hip.h").read_text()
+    assert re.search(r"#if PC_TENSOR_CORES\s*\n#error", hip)
+    assert "#define PC_TENSOR_CORES 0" in (EMU_DIR / "prelude.cuh").read_text()
 
 
 def test_argument_block_matches_common_cuh():
@@ -240,7 +255,9 @@ def test_bodies_on_cpu_match_pytorch(emu_backend, case, monkeypatch):
         choice = emu_backend.choose(problem, _DEVICE)
         go = torch.randn(problem.output_shape, dtype=torch.float64).to(dtype)
         algs = ["direct", "implicit_gemm"] + (["depthwise"] if problem.is_depthwise else [])
-        assert choice.algorithm in algs
+        # 'igemm-tc' (tensor cores: half types, and float32 where torch allows TF32, on sm_80+) cannot run here:
+        # the emulator keeps PC_TENSOR_CORES=0 and runs the same gather through the FMA tile ('implicit_gemm')
+        assert choice.algorithm in algs + (["igemm-tc"] if dtype != torch.float64 else [])
         ref = reference(x, w, b, params, go, (True, True, True))
         for alg in algs:
             plan = Plan(problem, BackendId.CUDA, alg, choice.memory_format, choice.reason, _DEVICE)
@@ -253,3 +270,31 @@ def test_bodies_on_cpu_match_pytorch(emu_backend, case, monkeypatch):
                 assert err < _tol(dtype), f"{alg} {dtype} {name}: relative error {err:.3g}"
         masked = emu_backend.backward(plan, go, x, w, (False, True, False))
         assert masked[0] is None and masked[2] is None and masked[1] is not None
+
+
+@pytest.mark.parametrize("case", [c for c in EMU_CASES if c.groups == 1] + [
+    EmuCase(2, 2, 5, 7, 9, 4, stride=3, padding=2),  # 9 phases, taps 4 over stride 3: phases with 1 or 2 taps
+    EmuCase(2, 1, 3, 4, 6, 1, stride=2),  # 1x1 stride 2: three of four phases reach no tap (zeros + bias)
+    EmuCase(2, 1, 4, 5, 9, 3, padding=3, dilation=3),  # stride 1, dilation 3: one phase, dY steps of 3
+    EmuCase(1, 2, 3, 4, 12, 3, padding="same", dilation=2, transposed=False, layout="strided"),
+    EmuCase(2, 2, 4, 6, 5, 3, stride=2, padding=1, transposed=True, output_padding=1, layout="chlast"),
+], ids=lambda c: f"r{c.rank}s{c.stride}k{c.kernel}{'t' if c.transposed else ''}{c.layout}")
+def test_igemm_tc_host_path_on_cpu(emu_backend, case, monkeypatch):
+    """The igemm-tc plan's host path (tile defines, grids, Note [bwd-data phases] kernel) with the emulator's FMA
+    tile in place of the tensor cores (PC_TENSOR_CORES stays 0 there; the tile is pinned to the FMA tile's 64x64)."""
+    monkeypatch.setenv("PORTCONV_POISON", "1")
+    monkeypatch.setattr(cuda, "tc_tile", lambda m, n, units: (64, 64, 2))
+    for dtype in (torch.float64, torch.bfloat16):
+        x, w, b = _data(case, dtype)
+        params = ConvParams.make(case.rank, case.stride, case.padding, case.dilation, case.transposed,
+                                 case.output_padding, case.groups, weight_shape=tuple(w.shape))
+        problem = Problem(params, spec_of(x), spec_of(w), True)
+        choice = emu_backend.choose(problem, _DEVICE)
+        go = torch.randn(problem.output_shape, dtype=torch.float64).to(dtype)
+        ref = reference(x, w, b, params, go, (True, True, True))
+        plan = Plan(problem, BackendId.CUDA, "igemm-tc", choice.memory_format, choice.reason, _DEVICE)
+        got = (emu_backend.forward(plan, x, w, b), *emu_backend.backward(plan, go, x, w, (True, True, True)))
+        for name, g_, r_ in zip(("output", "grad_input", "grad_weight", "grad_bias"), got, ref):
+            assert not torch.isnan(g_).any(), f"igemm-tc {dtype} {name}: unwritten (NaN) elements"
+            err = ((g_.double() - r_).norm() / r_.norm().clamp_min(1e-30)).item()
+            assert err < _tol(dtype), f"igemm-tc {dtype} {name}: relative error {err:.3g}"

@@ -15,9 +15,17 @@ ARG_FIELDS = (("x", 1), ("w", 1), ("y", 1), ("b", 1), ("ws", 1), ("N", 1), ("C",
 ARG_COUNT = sum(n for _, n in ARG_FIELDS)
 FLAG_CL = 1
 DTYPE_CODE = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3}
-ENTRY = {"direct": "direct.cu", "depthwise": "depthwise.cu", "implicit_gemm": "igemm.cu"}
-PREFIX = {"direct": "portconv_direct", "depthwise": "portconv_depthwise", "implicit_gemm": "portconv_igemm"}
+ENTRY = {"direct": "direct.cu", "depthwise": "depthwise.cu", "implicit_gemm": "igemm.cu", "igemm-tc": "igemm.cu"}
+PREFIX = {"direct": "portconv_direct", "depthwise": "portconv_depthwise", "implicit_gemm": "portconv_igemm",
+          "igemm-tc": "portconv_igemm"}
 IGEMM_TILE = (64, 64, 16)  # BM, BN, BK of cuda/conv_igemm.cuh as compiled here
+IGEMM_ALGS = ("implicit_gemm", "igemm-tc")
+# Note [tensor-core implicit GEMM] (cuda/conv_igemm_tc.cuh): mma.sync per dtype; TF32 for float32 only when the
+# plan's math is 'tf32' (torch's cuDNN conv precision policy allows it, as for the cudnn backend).
+TC_MMA = {"float16": "mma.sync fp16 m16n8k16, fp32 accumulate", "bfloat16": "mma.sync bf16 m16n8k16, fp32 accumulate",
+          "float32": "mma.sync tf32 m16n8k8 (operands rounded to TF32), fp32 accumulate"}
+TC_TILES = {"128x128": (128, 128, 2), "128x64": (128, 64, 4), "64x128": (64, 128, 1)}  # BM, BN, warps along M
+TC_TILE_ENV = "PORTCONV_CUDA_IGEMM_TC_TILE"  # force one TC_TILES entry for every launch (experiments)
 THREADS = 256
 DW_TAPS = 9  # PC_DW_TAPS of cuda/conv_depthwise.cuh
 DW_V = 4  # PC_DW_V of cuda/conv_depthwise_rows.cuh: outputs per thread along the last spatial axis
@@ -70,9 +78,43 @@ def igemm_dims(problem: Problem) -> dict[str, tuple[int, int, int]]:
             "bwd_weight": (kg, cg * taps, n * sp_y)}
 
 
-def choose_for(problem: Problem, device: DeviceInfo, kernel_set: str = "CUDA") -> Choice:
+def sm_version(arch: str) -> int:
+    """80 for 'sm_80', 90 for 'sm_90a'; 0 when the arch is not an sm_NN name."""
+    digits = "".join(ch for ch in arch[3:] if ch.isdigit()) if arch.startswith("sm_") else ""
+    return int(digits) if digits else 0
+
+
+def tensor_core_mma(dtype: str, device: DeviceInfo, kernel_set: str, tf32: bool) -> str | None:
+    """The tensor-core instruction the implicit GEMM uses for ``dtype``, or None for the FMA tile: CUDA set only,
+    sm_80 and newer, float16/bfloat16 always, float32 only when TF32 is allowed (``tf32``)."""
+    if kernel_set != "CUDA" or device.vendor != "nvidia" or sm_version(device.arch) < 80:
+        return None
+    if dtype in ("float16", "bfloat16") or (dtype == "float32" and tf32):
+        return TC_MMA[dtype]
+    return None
+
+
+def tc_tile(m: int, n: int, units: int) -> tuple[int, int, int]:
+    """(BM, BN, warps along M) of the tensor-core tile for an M x N GEMM (per group)."""
+    import os
+
+    forced = os.environ.get(TC_TILE_ENV, "")
+    if forced in TC_TILES:
+        return TC_TILES[forced]
+    if n <= 64:
+        return TC_TILES["128x64"]
+    if m <= 64:
+        return TC_TILES["64x128"]
+    if -(-m // 128) * -(-n // 128) < 2 * max(units, 1):
+        return TC_TILES["128x64"]
+    return TC_TILES["128x128"]
+
+
+def choose_for(problem: Problem, device: DeviceInfo, kernel_set: str = "CUDA", tf32: bool = False,
+               tf32_setting: str = "") -> Choice:
     """The cuda (and hip) kernel sets' rule: depthwise kernels for depthwise problems, implicit GEMM for dense
-    groups == 1 problems, the direct kernels for the rest. Pure: reads only the problem and the device."""
+    groups == 1 problems (on tensor cores where tensor_core_mma allows), the direct kernels for the rest. Pure:
+    reads only the problem, the device and the TF32 permission (``tf32``, and the setting that says so)."""
     dt = problem.dtype
     if dt not in FLOATING:
         raise Unsupported(f"portconv's {kernel_set} kernels take float32, float64, float16 and bfloat16, not {dt}")
@@ -98,6 +140,12 @@ def choose_for(problem: Problem, device: DeviceInfo, kernel_set: str = "CUDA") -
         too_wide = [d for d, (_, ncol, _) in dims.items() if -(-ncol // bn) > GRID_YZ_MAX]
         if not too_wide:
             m, n, k = dims["bwd_data" if p.transposed else "fwd"]
+            mma = tensor_core_mma(dt, device, kernel_set, tf32)
+            if mma:
+                why = f"; TF32 allowed for float32 ({tf32_setting})" if dt == "float32" else ""
+                return Choice("igemm-tc", fmt, f"dense (groups = 1): implicit GEMM M={m} N={n} K={k} on tensor "
+                              f"cores, {mma} (Note [tensor-core implicit GEMM]){why}{idx}",
+                              "tf32" if dt == "float32" else math)
             return Choice("implicit_gemm", fmt, f"dense (groups = 1): implicit GEMM M={m} N={n} K={k} in "
                           f"{bm}x{bn}x{bk} shared-memory tiles{idx}", math)
         why = f"implicit GEMM's {too_wide[0]} grid would exceed {GRID_YZ_MAX} column tiles"
@@ -236,7 +284,14 @@ class CudaBackend(Backend):
     def choose(self, problem: Problem, device: DeviceInfo) -> Choice:
         if device.vendor != "nvidia":
             raise Unsupported(f"the cuda backend runs on NVIDIA GPUs, not {device.vendor} ({device.name})")
-        return choose_for(problem, device, self.kernel_set_name)
+        tf32, setting = False, ""
+        if problem.dtype == "float32" and problem.input.kind == "torch":
+            import torch
+
+            from .cudnn import cudnn_conv_tf32
+
+            tf32, setting = cudnn_conv_tf32(torch)
+        return choose_for(problem, device, self.kernel_set_name, tf32, setting)
 
     def devices(self) -> list[DeviceInfo]:
         if not self.probe():
@@ -302,8 +357,10 @@ class _Run:
         self.flags = FLAG_CL if plan.memory_format != "contiguous" else 0
         self.dw = depthwise_kernels(self.view) if self.alg == "depthwise" else {}
 
-    def _fn(self, name: str):
-        return self.backend.kernels().function(ENTRY[self.alg], self.defines, self.io.device, name)
+    def _fn(self, name: str, extra: dict | None = None):
+        defines = {**self.defines, **extra} if extra else self.defines
+        return self.backend.kernels().function(ENTRY[self.alg], defines, self.io.device, name)
+
 
     def _args(self, x=None, w=None, y=None, b=None, ws=None, xs=None, wst=None, ys=None, bs=0, splits=1, chunk=1,
               C=None, K=None, R=None, Y=None):
@@ -317,8 +374,16 @@ class _Run:
         assert len(vals) == ARG_COUNT
         return np.array(vals, dtype=np.int64).view(np.dtype((np.void, 8 * ARG_COUNT)))
 
-    def _launch(self, name: str, grid, args) -> None:
-        self.io.launch(self._fn(name), grid, THREADS, args)
+    def _launch(self, name: str, grid, args, extra: dict | None = None) -> None:
+        self.io.launch(self._fn(name, extra), grid, THREADS, args)
+
+    def _igemm_tile(self, m: int, n: int) -> tuple[int, int, dict | None]:
+        """(BM, BN, extra defines) of the implicit GEMM tile for an M x N GEMM: the FMA tile, or a tensor-core one."""
+        if self.alg != "igemm-tc":
+            return IGEMM_TILE[0], IGEMM_TILE[1], None
+        bm, bn, wm = tc_tile(m, n, self.units)
+        return bm, bn, {"PC_TENSOR_CORES": 1, "PC_TC_BM": bm, "PC_TC_BN": bn, "PC_TC_WM": wm}
+
 
     def _elementwise_grid(self, total: int) -> tuple[int, int, int]:
         return (max(1, min(-(-total // THREADS), self.units * 32)), 1, 1)
@@ -331,40 +396,47 @@ class _Run:
         v = self.view
         a = self._args(x=x, w=w, y=y, b=bias, xs=strides5(x), wst=strides5(w), ys=strides5(y),
                        bs=self._bias_stride(bias))
-        name = f"{PREFIX[self.alg]}_fwd"
-        if self.alg == "implicit_gemm":
-            bm, bn, _ = IGEMM_TILE
+        name, extra = f"{PREFIX[self.alg]}_fwd", None
+        if self.alg in IGEMM_ALGS:
+            bm, bn, extra = self._igemm_tile(v.y_positions, v.K // v.G)
             grid = (-(-v.y_positions // bm), -(-(v.K // v.G) // bn), v.G)
         elif self.dw.get("fwd", "plain") != "plain":
             name += "_" + self.dw["fwd"]
             grid = self._elementwise_grid(v.y_positions // v.Y[2] * -(-v.Y[2] // DW_V) * v.K)
         else:
             grid = self._elementwise_grid(v.y_positions * v.K)
-        self._launch(name, grid, a)
+        self._launch(name, grid, a, extra)
 
     def bwd_data(self, dx, w, dy, bias) -> None:
         v = self.view
         a = self._args(x=dx, w=w, y=dy, b=bias, xs=strides5(dx), wst=strides5(w), ys=strides5(dy),
                        bs=self._bias_stride(bias))
         positions = v.N * v.X[0] * v.X[1] * v.X[2]
-        name = f"{PREFIX[self.alg]}_bwd_data"
-        if self.alg == "implicit_gemm":
-            bm, bn, _ = IGEMM_TILE
+        name, extra = f"{PREFIX[self.alg]}_bwd_data", None
+        if self.alg == "igemm-tc" and all(s == 1 or d == 1 for s, d in zip(v.S, v.DL)):  # Note [bwd-data phases]
+            name += "_phase"
+            phase0 = v.N * -(-v.X[0] // v.S[0]) * -(-v.X[1] // v.S[1]) * -(-v.X[2] // v.S[2])
+            bm, bn, extra = self._igemm_tile(phase0, v.C // v.G)
+            grid = (-(-phase0 // bm), -(-(v.C // v.G) // bn), v.G * v.S[0] * v.S[1] * v.S[2])
+        elif self.alg in IGEMM_ALGS:
+            bm, bn, extra = self._igemm_tile(positions, v.C // v.G)
             grid = (-(-positions // bm), -(-(v.C // v.G) // bn), v.G)
         elif self.dw.get("bwd_data", "plain") != "plain":
             name += "_" + self.dw["bwd_data"]
             grid = self._elementwise_grid(v.N * v.X[0] * v.X[1] * -(-v.X[2] // DW_V) * v.C)
         else:
             grid = self._elementwise_grid(positions * v.C)
-        self._launch(name, grid, a)
+        self._launch(name, grid, a, extra)
 
     def bwd_weight(self, x, dy, dw) -> None:
         v = self.view
         cg, kg = v.C // v.G, v.K // v.G
         count = v.K * cg * v.taps
         total = v.y_positions
-        if self.alg == "implicit_gemm":
-            bm, bn, bk = IGEMM_TILE
+        extra = None
+        if self.alg in IGEMM_ALGS:
+            bk = IGEMM_TILE[2]
+            bm, bn, extra = self._igemm_tile(kg, cg * v.taps)
             tiles = (-(-kg // bm), -(-(cg * v.taps) // bn))
             splits, chunk = _splits(tiles[0] * tiles[1] * v.G, total, 32 * bk, self.units, count, bk)
             splits = min(splits, GRID_YZ_MAX // v.G)
@@ -391,10 +463,10 @@ class _Run:
         name = f"{PREFIX[self.alg]}_bwd_weight"
         if self.dw.get("bwd_weight", "plain") != "plain":
             name += "_" + self.dw["bwd_weight"]
-        self._launch(name, grid, a)
+        self._launch(name, grid, a, extra)
         if splits > 1:
             fin = self._args(w=dw, ws=ws, wst=strides5(dw), splits=splits, C=cg)
-            self._launch("portconv_split_finalize", self._elementwise_grid(count), fin)
+            self._launch("portconv_split_finalize", self._elementwise_grid(count), fin, extra)
 
     def bias_grad(self, dy, db) -> None:
         """grad_bias: dY summed over batch and space per channel (dY is the grad_output, whatever its role)."""

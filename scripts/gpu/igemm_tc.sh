@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Tensor-core implicit GEMM on the device, one call: its GPU tests and the conformance grid (cuda backend; float16,
+# bfloat16, float32 on TF32) side by side, then the tile sweep against cuDNN and/or the suite bench.
+# Usage (repo root, on the device):  OUT=... bash scripts/gpu/igemm_tc.sh [tests] [conform] [sweep] [bench] [bench16]
+set -uo pipefail
+OUT=${OUT:-out}; mkdir -p "$OUT"
+steps=${*:-tests conform sweep}
+has() { [[ " $steps " == *" $1 "* ]]; }
+export PYTHONUNBUFFERED=1 PORTCONV_CACHE_DIR=/tmp/portconv-cache PYTHONPATH="$PWD"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+T0=$(date +%s)
+pids=()
+if has tests; then
+  PORTCONV_POISON=1 timeout ${TESTS_S:-170} python3 -m pytest -q -rfE -p no:cacheprovider --backend cuda \
+    tests/test_cuda.py ${TESTS_K:+-k "$TESTS_K"} > "$OUT/pytest-cuda.txt" 2>&1 & pids+=($!)
+fi
+if has conform; then
+  PORTCONV_POISON=1 timeout ${TESTS_S:-170} python3 -m pytest -q -rfE -p no:cacheprovider --backend cuda --full-grid \
+    --dtype float16 --dtype bfloat16 --dtype float32 tests/test_conformance.py > "$OUT/conform.txt" 2>&1 & pids+=($!)
+fi
+for p in "${pids[@]}"; do wait "$p"; done
+echo "correctness: $(( $(date +%s) - T0 )) s"
+for f in pytest-cuda conform; do [ -f "$OUT/$f.txt" ] && { echo "== $f"; tail -n 25 "$OUT/$f.txt"; }; done
+if has sweep; then  # SWEEPS: dtype:tiles items (tiles: auto and/or cuda.TC_TILES names)
+  for item in ${SWEEPS:-float16:auto,128x128,128x64,64x128 float32:auto,128x128,128x64,64x128}; do
+    dt=${item%%:*}; tiles=${item#*:}
+    timeout ${SWEEP_S:-150} python3 scripts/gpu/igemm_tc.py --budget ${SWEEP_BUDGET:-100} --dtypes $dt \
+      --tiles $tiles ${SWEEP_ROWS:+--rows $SWEEP_ROWS} --out "$OUT/sweep-$dt.json" > "$OUT/sweep-$dt.txt" 2>&1
+    echo "== sweep $dt ($(( $(date +%s) - T0 )) s)"; cut -c1-420 "$OUT/sweep-$dt.txt"
+  done
+fi
+ROWS='resnet50-*,deepbench-*,resnext50-g32,deeplabv3-aspp-d12,wav2vec2-*,r3d18-l1-3d,vae-dec-transposed-bf16,dcgan-gen-transposed'
+if has bench; then
+  timeout ${BENCH_S:-200} python3 -m portconv.bench --rows "$ROWS" --backend cuda,cudnn --cell-seconds 1 --runs 20 \
+    --warmup 3 --no-torch-variants --no-peaks --out "$OUT/bench" > "$OUT/bench.txt" 2>&1
+  echo "== bench ($(( $(date +%s) - T0 )) s)"; tail -n 60 "$OUT/bench.txt" | cut -c1-300
+fi
+for dt in float16 bfloat16; do
+  if has bench-$dt; then
+    timeout ${BENCH_S:-150} python3 -m portconv.bench --rows "$ROWS" --dtype $dt --backend cuda,cudnn --cell-seconds 1 \
+      --runs 20 --warmup 3 --no-torch-variants --no-peaks --out "$OUT/bench-$dt" > "$OUT/bench-$dt.txt" 2>&1
+    echo "== bench $dt ($(( $(date +%s) - T0 )) s)"; tail -n 40 "$OUT/bench-$dt.txt" | cut -c1-300
+  fi
+done
+echo "total: $(( $(date +%s) - T0 )) s"
