@@ -69,8 +69,12 @@ typedef HT __attribute__((aligned(sizeof(T)))) ht_unaligned;
 #define FMA(a, b, c) ((a) * (b) + (c))
 #define TAPS (DW_K0 * DW_K1 * DW_K2)
 /* PoCL's optimiser does not inline every helper by itself: an out-of-line row function with a run-time
- * `inner` costs more than the loads it does. */
+ * `inner` costs more than the loads it does. Forced on CPU compilers (clang) only. */
+#ifdef DW_CPU
 #define DW_INLINE inline __attribute__((always_inline))
+#else
+#define DW_INLINE inline
+#endif
 
 /* DW_VW elements of a row (element offset `row`) at columns c0, c0+1, ...; zero outside [0, X) and for
  * lanes >= nv. One vload when all are inside. */
@@ -105,12 +109,9 @@ DW_INLINE VT ld_x(__global const T *p, idx_t row, idx_t c0, idx_t X, idx_t nv) {
         const VT lo = VLOAD(p + row + c0), hi = VLOAD(p + row + c0 + DW_VW);
         return (VT)(lo.even, hi.even);
     }
-    T t[DW_VW];
-    for (int k = 0; k < DW_VW; ++k) {
-        const idx_t c = c0 + 2 * k;
-        t[k] = (c >= 0 && c < X && k < nv) ? p[row + c] : (T)0;
-    }
-    return VLOADP(t);
+    /* border: the same two loads, masked (element c0 + 2k is in lane 2k of the pair) */
+    const VT lo = ld_v(p, row, c0, X, 2 * nv), hi = ld_v(p, row, c0 + DW_VW, X, 2 * nv - DW_VW);
+    return (VT)(lo.even, hi.even);
 #endif
 }
 
@@ -229,39 +230,50 @@ __kernel void dw_fwd(const conv_desc d, __global const T *x, __global const T *w
     }
 }
 
-/* One row of the backward-data pass for output channel co (see dw_bwd_data). */
-DW_INLINE void bwd_row(const conv_desc *d, __global const T *y, __global const T *w, idx_t n, idx_t co, idx_t iz,
-                    idx_t ih, idx_t iw0, VT *acc, HT *ae, HT *ao, const int inner) {
-    const idx_t yb = d->yo + n * d->ys[0] + co * d->ys[1];
-    const idx_t wb = d->wo + co * d->ws[0];
+/* DW_RB rows ih0 .. ih0+DW_RB of the backward-data pass for output channel co (weights wr in registers):
+ * every gy row the block touches is loaded once and added into each x row it reaches, tap r1 =
+ * base + j - ii*DW_S1 for x row j and gy row oy_lo + ii. `base` (K1-1 or K1-2: the parity of the first row
+ * under stride 2) and `inner` are constants at each call site, so the tap matching unrolls away. */
+DW_INLINE void bwd_rows(const conv_desc *d, __global const T *y, const T *wr, idx_t yb, idx_t iz, idx_t ih0,
+                        idx_t iw0, VT *acc, HT *ae, HT *ao, const int inner, const int base) {
+    const idx_t oy_lo = (ih0 + d->P[1] - base) / DW_S1;
 #pragma unroll
     for (int r0 = 0; r0 < DW_K0; ++r0) {
         const idx_t t0 = iz + d->P[0] - r0;
         const idx_t oz = t0 / DW_S0;
+        if (t0 >= 0 && t0 % DW_S0 == 0 && oz < d->Y[0]) {
 #pragma unroll
-        for (int r1 = 0; r1 < DW_K1; ++r1) {
-            const idx_t t1 = ih + d->P[1] - r1;
-            const idx_t oy = t1 / DW_S1;
-            if (t0 >= 0 && t0 % DW_S0 == 0 && oz < d->Y[0] && t1 >= 0 && t1 % DW_S1 == 0 && oy < d->Y[1]) {
-                const idx_t row = yb + oz * d->ys[2] + oy * d->ys[3];
-                const idx_t wr = wb + r0 * d->ws[2] + r1 * d->ws[3];
+            for (int ii = 0; ii <= (DW_K1 - 1 + DW_RB - 1) / DW_S1; ++ii) {
+                const idx_t oy = oy_lo + ii;
+                if (oy >= 0 && oy < d->Y[1]) {
+                    const idx_t row = yb + oz * d->ys[2] + oy * d->ys[3];
 #pragma unroll
-                for (int r2 = 0; r2 < DW_K2; ++r2) {
-                    const T wv = w[wr + r2 * d->ws[4]];
-                    const idx_t te = iw0 + d->P[2] - r2;
+                    for (int r2 = 0; r2 < DW_K2; ++r2) {
+                        const idx_t te = iw0 + d->P[2] - r2;
 #if DW_S2 == 1
-                    const VT yv = inner ? VLOAD(y + row + te) : ld_v(y, row, te, d->Y[2], DW_VW);
-                    *acc = FMA(yv, (VT)wv, *acc);
+                        const VT yv = inner ? VLOAD(y + row + te) : ld_v(y, row, te, d->Y[2], DW_VW);
 #else
-                    /* iw0 is even: lane 2m needs o = te/2 + m when te is even, lane 2m+1 o = (te+1)/2 + m
-                     * when te is odd (>> 1 is the floor division, exact here). */
-                    const idx_t o = (te + 1) >> 1;
-                    const HT yv = inner ? HLOAD(y + row + o) : ld_h(y, row, o, d->Y[2]);
-                    if ((te & 1) == 0)
-                        *ae = FMA(yv, (HT)wv, *ae);
-                    else
-                        *ao = FMA(yv, (HT)wv, *ao);
+                        /* iw0 is even: lane 2m needs o = te/2 + m when te is even, lane 2m+1 o = (te+1)/2 + m
+                         * when te is odd (>> 1 is the floor division, exact here) */
+                        const idx_t o = (te + 1) >> 1;
+                        const HT yv = inner ? HLOAD(y + row + o) : ld_h(y, row, o, d->Y[2]);
 #endif
+#pragma unroll
+                        for (int j = 0; j < DW_RB; ++j) {
+                            const int r1 = base + j - ii * DW_S1;
+                            if (r1 >= 0 && r1 < DW_K1) {
+                                const T wv = wr[(r0 * DW_K1 + r1) * DW_K2 + r2];
+#if DW_S2 == 1
+                                acc[j] = FMA(yv, (VT)wv, acc[j]);
+#else
+                                if ((te & 1) == 0)
+                                    ae[j] = FMA(yv, (HT)wv, ae[j]);
+                                else
+                                    ao[j] = FMA(yv, (HT)wv, ao[j]);
+#endif
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -269,7 +281,7 @@ DW_INLINE void bwd_row(const conv_desc *d, __global const T *y, __global const T
 }
 
 /* Backward-data: work-item (W block, row block, (n, g, iz)) writes x[n, g, iz, ih, iw0 .. iw0+DW_VW) for the
- * DW_RB rows ih of its block, summing gy[o] * w[r] over the taps with o*S - P + r == i and the CY output
+ * DW_RB*DW_NB rows ih of its block, summing gy[o] * w[r] over the taps with o*S - P + r == i and the CY output
  * channels of group g. Stride 2 along W: even lanes take the taps of one parity and odd lanes the other,
  * each a stride-1 load of DW_VW/2 gy elements. */
 __kernel void dw_bwd_data(const conv_desc d, __global const T *y, __global const T *w, __global const T *b,
@@ -289,23 +301,55 @@ __kernel void dw_bwd_data(const conv_desc d, __global const T *y, __global const
 #else
     const int inner = iw0 + d.P[2] - (DW_K2 - 1) >= 0 && ((iw0 + d.P[2] + 1) >> 1) + DW_HW <= d.Y[2] && nv >= DW_VW;
 #endif
-    for (idx_t ih = ih0; ih < ih1; ++ih) {
-        VT acc = (VT)0;
-        HT ae = (HT)0, ao = (HT)0;
-        for (idx_t k = 0; k < d.CY; ++k) {
-            if (inner)
-                bwd_row(&d, y, w, n, g * d.CY + k, iz, ih, iw0, &acc, &ae, &ao, 1);
-            else
-                bwd_row(&d, y, w, n, g * d.CY + k, iz, ih, iw0, &acc, &ae, &ao, 0);
-        }
-#if DW_S2 != 1
-        acc.even = ae;
-        acc.odd = ao;
+    /* stride 2 along H: the first gy row of a block (ih0 even) has tap K1-1 or K1-2, by the parity of P1 */
+#if DW_S1 == 2
+    const int odd = (int)((d.P[1] - (DW_K1 - 1)) & 1);
 #endif
-        if (inner)
-            VSTORE(acc, x + xrow + ih * d.xs[3]);
-        else
-            st_v(x, xrow + ih * d.xs[3], acc, nv);
+    for (idx_t ih = ih0; ih < ih1; ih += DW_RB) {
+        VT acc[DW_RB];
+        HT ae[DW_RB], ao[DW_RB];
+#pragma unroll
+        for (int j = 0; j < DW_RB; ++j) {
+            acc[j] = (VT)0;
+            ae[j] = (HT)0;
+            ao[j] = (HT)0;
+        }
+        for (idx_t k = 0; k < d.CY; ++k) {
+            const idx_t co = g * d.CY + k;
+            const idx_t yb = d.yo + n * d.ys[0] + co * d.ys[1];
+            const idx_t wb = d.wo + co * d.ws[0];
+            T wr[TAPS];
+#pragma unroll
+            for (int t = 0; t < TAPS; ++t)
+                wr[t] = w[wb + (t / (DW_K1 * DW_K2)) * d.ws[2] + ((t / DW_K2) % DW_K1) * d.ws[3] +
+                          (t % DW_K2) * d.ws[4]];
+#if DW_S1 == 2
+            if (odd) {
+                if (inner)
+                    bwd_rows(&d, y, wr, yb, iz, ih, iw0, acc, ae, ao, 1, DW_K1 - 2);
+                else
+                    bwd_rows(&d, y, wr, yb, iz, ih, iw0, acc, ae, ao, 0, DW_K1 - 2);
+                continue;
+            }
+#endif
+            if (inner)
+                bwd_rows(&d, y, wr, yb, iz, ih, iw0, acc, ae, ao, 1, DW_K1 - 1);
+            else
+                bwd_rows(&d, y, wr, yb, iz, ih, iw0, acc, ae, ao, 0, DW_K1 - 1);
+        }
+#pragma unroll
+        for (int j = 0; j < DW_RB; ++j) {
+#if DW_S2 != 1
+            acc[j].even = ae[j];
+            acc[j].odd = ao[j];
+#endif
+            if (ih + j < ih1) {
+                if (inner)
+                    VSTORE(acc[j], x + xrow + (ih + j) * d.xs[3]);
+                else
+                    st_v(x, xrow + (ih + j) * d.xs[3], acc[j], nv);
+            }
+        }
     }
 }
 
