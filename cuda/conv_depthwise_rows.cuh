@@ -87,10 +87,14 @@ PC_DEVICE void pc_dw_fwd_rows(const pc_conv_args &a) {
     }
 }
 
-/* Backward-data: dX[n, c, i] over strips of PC_DW_V along i2. FAST: 3 taps along the last axis, stride 1,
- * dilation 1 (the correlation with the flipped filter, from a register window of dY); else any geometry. */
-template <bool FAST>
+/* Backward-data: dX[n, c, i] over strips of PC_DW_V along i2. MODE 1: 3 taps along the last axis, stride 1,
+ * dilation 1 (the correlation with the flipped filter, from a register window of dY). MODE 2 + PB: the same
+ * taps with stride 2, P2 of parity PB: a strip starts at an even i2, so which taps hit an output (i2 + P2 - r2
+ * even) and where in a PC_DW_V/2 + 2 window of dY they land are compile-time (no parity test per product).
+ * MODE 0: any geometry. */
+template <int MODE>
 PC_DEVICE void pc_dw_bwd_data_rows(const pc_conv_args &a) {
+    static_assert(PC_DW_V % 2 == 0, "the stride-2 window needs even strips");
     pc_t *PC_RESTRICT dx = (pc_t *)a.x;
     const pc_t *PC_RESTRICT w = (const pc_t *)a.w;
     const pc_t *PC_RESTRICT b = (const pc_t *)a.b;
@@ -120,7 +124,25 @@ PC_DEVICE void pc_dw_bwd_data_rows(const pc_conv_args &a) {
                 for (pc_idx j = 0; j < m; ++j) {
                     const pc_idx yr = yb + j * (pc_idx)a.ys[1] + o0 * (pc_idx)a.ys[2] + o1 * (pc_idx)a.ys[3];
                     const pc_idx wr = wb + j * (pc_idx)a.ws_[0] + r0 * (pc_idx)a.ws_[2] + r1 * (pc_idx)a.ws_[3];
-                    if (FAST) {
+                    if (MODE >= 2) {
+                        /* i2 + P2 - r2 = 2*ob + q with q = PB + 2 + v - r2 (compile-time): a tap hits output
+                         * o2 = ob + q/2 exactly when q is even */
+                        constexpr int PB = MODE - 2, WIN2 = PC_DW_V / 2 + 2;
+                        const pc_idx ob = (i2s + (pc_idx)a.P[2] - 2 - PB) / 2;
+                        pc_acc_t win[WIN2];
+#pragma unroll
+                        for (int t = 0; t < WIN2; ++t) {
+                            const pc_idx o2 = ob + t;
+                            win[t] = (o2 >= 0 && o2 < Y2) ? (pc_acc_t)pc_ld(dy, yr + o2 * ys4) : (pc_acc_t)0;
+                        }
+                        const pc_acc_t wt[3] = {(pc_acc_t)pc_ld(w, wr), (pc_acc_t)pc_ld(w, wr + ws4),
+                                                (pc_acc_t)pc_ld(w, wr + 2 * ws4)};
+#pragma unroll
+                        for (int v = 0; v < PC_DW_V; ++v)
+#pragma unroll
+                            for (int r2 = 0; r2 < 3; ++r2)
+                                if ((PB + 2 + v - r2) % 2 == 0) acc[v] += win[(PB + 2 + v - r2) / 2] * wt[r2];
+                    } else if (MODE == 1) {
                         /* o2 = i2 + P2 - r2: window t holds dY at o2 = i2s + P2 - 2 + t */
                         const pc_idx ob = i2s + (pc_idx)a.P[2] - 2;
                         pc_acc_t win[PC_DW_V + 2];
@@ -230,10 +252,16 @@ PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_fwd_rows(const pc_conv_a
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_fwd_rows3s1(const pc_conv_args a) { pc_dw_fwd_rows<1>(a); }
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_fwd_rows3s2(const pc_conv_args a) { pc_dw_fwd_rows<2>(a); }
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_data_rows(const pc_conv_args a) {
-    pc_dw_bwd_data_rows<false>(a);
+    pc_dw_bwd_data_rows<0>(a);
 }
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_data_rows3s1(const pc_conv_args a) {
-    pc_dw_bwd_data_rows<true>(a);
+    pc_dw_bwd_data_rows<1>(a);
+}
+PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_data_rows3s2(const pc_conv_args a) {
+    if (a.P[2] & 1)
+        pc_dw_bwd_data_rows<3>(a);
+    else
+        pc_dw_bwd_data_rows<2>(a);
 }
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_weight_rows2d_s1(const pc_conv_args a) {
     pc_dw_bwd_weight_rows<1, 1>(a);

@@ -62,6 +62,17 @@ PC_DEVICE unsigned short pc_float_to_bf16_bits(float f) {
     return (unsigned short)(u >> 16);
 }
 
+/* Note [vector access]: one aligned access of a small aggregate (pc_vec of cuda/conv_depthwise_tile.cuh, e.g.
+ * two bfloat16 in 32 bits); the caller guarantees that p is aligned to sizeof(V). */
+template <typename V>
+PC_DEVICE V pc_ld_vec(const V *p) {
+    return *p;
+}
+template <typename V>
+PC_DEVICE void pc_st_vec(V *p, const V &v) {
+    *p = v;
+}
+
 /* Note [tensor cores]: matrix-unit (mma/wmma) paths of the implicit GEMM are CUDA-only. They are compiled
  * only where PC_TENSOR_CORES is 1; the HIP prelude leaves it 0 and the bodies fall back to the shared-memory
  * FMA tile, which is correct everywhere. */

@@ -4,3 +4,4 @@
 #include "common.cuh"
 #include "reduce.cuh"
 #include "conv_depthwise.cuh"
+#include "conv_depthwise_tile.cuh"

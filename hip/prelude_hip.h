@@ -54,6 +54,17 @@ PC_DEVICE unsigned short pc_float_to_bf16_bits(float f) {
     return (unsigned short)(u >> 16);
 }
 
+/* Note [vector access]: one aligned access of a small aggregate (pc_vec of cuda/conv_depthwise_tile.cuh, e.g.
+ * two bfloat16 in 32 bits); the caller guarantees that p is aligned to sizeof(V). */
+template <typename V>
+PC_DEVICE V pc_ld_vec(const V *p) {
+    return *p;
+}
+template <typename V>
+PC_DEVICE void pc_st_vec(V *p, const V &v) {
+    *p = v;
+}
+
 /* Matrix-core (MFMA/WMMA) tiles are not written for HIP: the bodies use their portable shared-memory tile. */
 #ifndef PC_TENSOR_CORES
 #define PC_TENSOR_CORES 0

@@ -298,3 +298,71 @@ def test_igemm_tc_host_path_on_cpu(emu_backend, case, monkeypatch):
             assert not torch.isnan(g_).any(), f"igemm-tc {dtype} {name}: unwritten (NaN) elements"
             err = ((g_.double() - r_).norm() / r_.norm().clamp_min(1e-30)).item()
             assert err < _tol(dtype), f"igemm-tc {dtype} {name}: relative error {err:.3g}"
+
+
+# --- depthwise v3 (Note [depthwise tile] of cuda/conv_depthwise_tile.cuh, stride-2 backward-data window) ------
+
+DW3_CASES = [
+    EmuCase(2, 2, 6, 6, 9, 3, padding=1, groups=6, layout="chlast"),  # tile s1, vector path (C even)
+    EmuCase(2, 1, 3, 3, 7, 3, padding=1, groups=3, layout="chlast"),  # tile s1, scalar fallback (C odd)
+    EmuCase(2, 2, 4, 4, 10, 3, stride=2, padding=1, groups=4, layout="chlast"),  # tile s2, rows3s2 (P odd)
+    EmuCase(2, 1, 4, 4, 11, 3, stride=2, padding=0, groups=4),  # rows3s2 (P even), NCHW tile s2 under 'all'
+    EmuCase(2, 1, 2, 2, 9, 3, stride=2, padding=2, groups=2, layout="strided"),  # rows3s2, P = 2
+    EmuCase(3, 1, 4, 4, 6, 3, padding=1, groups=4, layout="chlast"),  # tile 3-D (R0 = 3)
+    EmuCase(3, 1, 2, 2, 7, 3, stride=2, padding=1, groups=2, layout="chlast"),  # tile 3-D, stride 2
+]
+
+
+@pytest.mark.parametrize("tile", ["cl", "all"])
+@pytest.mark.parametrize("case", DW3_CASES, ids=lambda c: f"r{c.rank}s{c.stride}p{c.padding}c{c.c}{c.layout}"
+                         f"{'t' if c.transposed else ''}")
+def test_depthwise_v3_bodies_on_cpu(emu_backend, case, tile, monkeypatch):
+    """The depthwise v3 kernels (tile, stride-2 backward-data) in every dtype against aten in float64."""
+    monkeypatch.setenv("PORTCONV_POISON", "1")
+    monkeypatch.setenv(cuda.DW_TILE_ENV, tile)
+    for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16):
+        x, w, b = _data(case, dtype)
+        params = ConvParams.make(case.rank, case.stride, case.padding, case.dilation, case.transposed,
+                                 case.output_padding, case.groups, weight_shape=tuple(w.shape))
+        problem = Problem(params, spec_of(x), spec_of(w), True)
+        choice = emu_backend.choose(problem, _DEVICE)
+        assert choice.algorithm == "depthwise"
+        go = torch.randn(problem.output_shape, dtype=torch.float64).to(dtype)
+        ref = reference(x, w, b, params, go, (True, True, True))
+        plan = Plan(problem, BackendId.CUDA, "depthwise", choice.memory_format, choice.reason, _DEVICE)
+        y = emu_backend.forward(plan, x, w, b)
+        got = (y, *emu_backend.backward(plan, go, x, w, (True, True, True)))
+        for name, g_, r_ in zip(("output", "grad_input", "grad_weight", "grad_bias"), got, ref):
+            assert not torch.isnan(g_).any(), f"{dtype} {name}: unwritten (NaN) elements"
+            err = ((g_.double() - r_).norm() / r_.norm().clamp_min(1e-30)).item()
+            assert err < _tol(dtype), f"{dtype} {name}: relative error {err:.3g} ({choice.reason})"
+
+
+def test_depthwise_v3_selection(monkeypatch):
+    """Which depthwise kernel runs where (cuda.depthwise_kernels), per layout and PORTCONV_CUDA_DEPTHWISE."""
+    def view(s, rank=2, k=144, r=3):
+        lead = 3 - rank
+        return cuda.ConvView(32, 144, k, 144, (1,) * lead + (56,) * rank, (1,) * lead + (56 // s,) * rank,
+                             (1,) * lead + (r,) * rank, (1,) * lead + (s,) * rank, (0,) * lead + (1,) * rank,
+                             (1, 1, 1))
+
+    monkeypatch.delenv(cuda.DW_ENV, raising=False)
+    monkeypatch.delenv(cuda.DW_TILE_ENV, raising=False)
+    ks = cuda.depthwise_kernels
+    assert ks(view(1), cl=True) == {"fwd": "tile_s1", "bwd_data": "tile_s1", "bwd_weight": "tile2d_s1"}
+    assert ks(view(2), cl=True) == {"fwd": "tile_s2", "bwd_data": "rows3s2", "bwd_weight": "tile2d_s2"}
+    assert ks(view(1)) == {"fwd": "tilen_s1", "bwd_data": "tilen_s1", "bwd_weight": "rows2d_s1"}  # auto: big
+    assert ks(view(2)) == {"fwd": "tilen_s2", "bwd_data": "rows3s2", "bwd_weight": "rows2d_s2"}
+    small = dataclasses.replace(view(1), X=(1, 7, 7), Y=(1, 7, 7))  # mbv2-dw3x3-last: 'rows' wins there
+    assert ks(small) == {"fwd": "rows3s1", "bwd_data": "rows3s1", "bwd_weight": "rows2d_s1"}
+    monkeypatch.setenv(cuda.DW_TILE_ENV, "cl")
+    assert ks(view(1)) == {"fwd": "rows3s1", "bwd_data": "rows3s1", "bwd_weight": "rows2d_s1"}
+    assert ks(view(1, rank=3), cl=True)["bwd_weight"] == "tile3d_s1"
+    assert ks(view(1, k=288), cl=True)["fwd"] == "rows3s1"  # channel multiplier 2: no tile kernel
+    monkeypatch.setenv(cuda.DW_TILE_ENV, "all")
+    assert ks(view(1)) == {"fwd": "tilen_s1", "bwd_data": "tilen_s1", "bwd_weight": "rows2d_s1"}
+    assert ks(view(2, rank=3))["fwd"] == "tilen3d_s2"
+    monkeypatch.setenv(cuda.DW_ENV, "v2")
+    assert ks(view(2), cl=True) == {"fwd": "rows3s2", "bwd_data": "rows", "bwd_weight": "rows2d_s2"}
+    monkeypatch.setenv(cuda.DW_ENV, "v1")
+    assert set(ks(view(1), cl=True).values()) == {"plain"}

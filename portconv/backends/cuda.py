@@ -29,6 +29,14 @@ TC_TILE_ENV = "PORTCONV_CUDA_IGEMM_TC_TILE"  # force one TC_TILES entry for ever
 THREADS = 256
 DW_TAPS = 9  # PC_DW_TAPS of cuda/conv_depthwise.cuh
 DW_V = 4  # PC_DW_V of cuda/conv_depthwise_rows.cuh: outputs per thread along the last spatial axis
+DW_TILE = (4, 4)  # PC_DWT_TH, PC_DWT_VW of cuda/conv_depthwise_tile.cuh: output rows x columns per thread
+DW_TILE_VWN = 2  # PC_DWT_VWN: columns per thread of the 2-D NCHW tile kernels ('tilen_s*')
+DW_TILE_W = 2  # PC_DWT_THW: output rows per thread of the tile weight gradient
+DW_TILE_VC = {"float32": 2, "float16": 2, "bfloat16": 2, "float64": 1}  # PC_DWT_VC: channels per thread (CL)
+# where the tile fwd/bwd_data kernels run: "auto" (default: channels-last, and NCHW with >= 16 rows and enough
+# tiles to fill the GPU, DW_TILE_MIN_WORK), "cl" (channels-last only) or "all"
+DW_TILE_ENV = "PORTCONV_CUDA_DEPTHWISE_TILE"
+DW_TILE_MIN_WORK = 1 << 16
 DW_ENV = "PORTCONV_CUDA_DEPTHWISE"  # "rows" (default): Note [depthwise rows] kernels where they apply; "v1" never
 INDEX32_LIMIT = 2**31 - 1 - 2**26  # headroom for grid-stride steps past the last element
 GRID_YZ_MAX = 65535
@@ -128,12 +136,12 @@ def choose_for(problem: Problem, device: DeviceInfo, kernel_set: str = "CUDA", t
     idx = "; 64-bit indexing" if big else ""
     if problem.is_depthwise:
         m = problem.weight.shape[0] // problem.input.shape[1]
-        ks = depthwise_kernels(ConvView.of(problem))
+        ks = depthwise_kernels(ConvView.of(problem), fmt != "contiguous")
         names = ", ".join(f"{d} {ks[d]}" for d in ("fwd", "bwd_data", "bwd_weight"))
         return Choice("depthwise", fmt, f"depthwise (groups = C_in = {p.groups}, channel multiplier {m}): per-channel "
                       f"kernels without a channel loop [{names}] ('rows*': {DW_V} outputs per thread, "
-                      f"Note [depthwise rows]; plain: one output per thread, {DW_TAPS} weight-gradient taps per "
-                      f"block){idx}", math)
+                      f"Note [depthwise rows]; 'tile*': {DW_TILE[0]}-row tiles per thread, Note [depthwise tile]; "
+                      f"plain: one output per thread, {DW_TAPS} weight-gradient taps per block){idx}", math)
     if p.groups == 1:
         dims = igemm_dims(problem)
         bm, bn, bk = IGEMM_TILE
@@ -154,23 +162,76 @@ def choose_for(problem: Problem, device: DeviceInfo, kernel_set: str = "CUDA", t
     return Choice("direct", fmt, f"{why}: the general direct kernels{idx}", math)
 
 
-def depthwise_kernels(view: ConvView) -> dict[str, str]:
-    """The depthwise kernel suffix per view direction ('' is the per-element kernel of cuda/conv_depthwise.cuh).
+def depthwise_kernels(view: ConvView, cl: bool = False) -> dict[str, str]:
+    """The depthwise kernel suffix per view direction ('plain' is the per-element kernel of cuda/conv_depthwise.cuh).
 
-    Pure in the view and the PORTCONV_CUDA_DEPTHWISE environment variable ('v1' selects the per-element
-    kernels everywhere, for comparison)."""
+    Pure in the view, the layout (``cl``: channels-last) and the PORTCONV_CUDA_DEPTHWISE environment variable:
+    'v1' selects the per-element kernels everywhere, 'v2' (or 'rows') the 'rows' set of
+    cuda/conv_depthwise_rows.cuh as it was before the tile kernels, 'v3' (default) adds the tile kernels of
+    cuda/conv_depthwise_tile.cuh (Note [depthwise tile]) and the stride-2 backward-data window."""
     import os
 
-    if os.environ.get(DW_ENV, "rows") == "v1":
+    ver = os.environ.get(DW_ENV, "v3")
+    if ver == "v1":
         return {"fwd": "plain", "bwd_data": "plain", "bwd_weight": "plain"}
     r0, r1, r2 = view.R
-    s2, d2 = view.S[2], view.DL[2]
+    s1, s2, d2 = view.S[1], view.S[2], view.DL[2]
     tap3 = r2 == 3 and d2 == 1
     fwd = f"rows3s{s2}" if tap3 and s2 in (1, 2) else "rows"
     bwd_data = "rows3s1" if tap3 and s2 == 1 else "rows"
     ok_w = tap3 and r1 == 3 and view.DL[1] == 1 and r0 in (1, 3) and (r0 == 1 or view.DL[0] == 1) and s2 in (1, 2)
     bwd_weight = f"rows{3 if r0 == 3 else 2}d_s{s2}" if ok_w else "plain"
+    if ver in ("v2", "rows"):
+        return {"fwd": fwd, "bwd_data": bwd_data, "bwd_weight": bwd_weight}
+    if tap3 and s2 == 2:
+        bwd_data = "rows3s2"
+    # Note [depthwise tile]: 3x3 in-plane taps, dilation 1, equal in-plane strides, channel multiplier 1
+    plane = tap3 and r1 == 3 and view.DL[1] == 1 and s1 == s2 and s2 in (1, 2) and view.K == view.C
+    where = os.environ.get(DW_TILE_ENV, "auto")
+    if where == "auto":  # NCHW: the tile loses to 'rows' on small planes and under-filled grids
+        ext = view.Y
+        big = ext[1] >= 16 and view.N * ext[0] * -(-ext[1] // DW_TILE[0]) * -(-ext[2] // DW_TILE[1]) * view.C >= \
+            DW_TILE_MIN_WORK
+        where = "all" if big else "cl"
+    if plane and where in ("all", "cl" if cl else "all"):
+        tile = f"tile{'' if cl else 'n'}{'' if r0 == 1 else '3d'}_s{s2}"
+        fwd = tile
+        if s2 == 1:
+            bwd_data = tile
+    if plane and cl and ok_w:
+        bwd_weight = f"tile{3 if r0 == 3 else 2}d_s{s2}"
     return {"fwd": fwd, "bwd_data": bwd_data, "bwd_weight": bwd_weight}
+
+
+def depthwise_work(view: ConvView, direction: str, kernel: str, cl: bool, dtype: str) -> int:
+    """Work items (threads of a grid-stride loop) of a depthwise 'rows*' or 'tile*' fwd / bwd_data kernel."""
+    ext, ch = (view.Y, view.K) if direction == "fwd" else (view.X, view.C)
+    if kernel.startswith("tile"):
+        vc = DW_TILE_VC[dtype] if cl and ch % DW_TILE_VC[dtype] == 0 else 1
+        vw = DW_TILE_VWN if kernel.startswith("tilen_") else DW_TILE[1]
+        return view.N * ext[0] * -(-ext[1] // DW_TILE[0]) * -(-ext[2] // vw) * (ch // vc)
+    return view.N * ext[0] * ext[1] * -(-ext[2] // DW_V) * ch
+
+
+def depthwise_weight_grid(view: ConvView, kernel: str, cl: bool, dtype: str, units: int) -> tuple[tuple, int, int]:
+    """(grid, splits, chunk) of a depthwise 'rows*d' or 'tile*d' weight-gradient kernel (deterministic splits)."""
+    v = view
+    if kernel.startswith("tile"):  # grid (channel tiles, splits) over (n, o0, row tile, strip) units
+        vc = DW_TILE_VC[dtype] if cl and v.C % DW_TILE_VC[dtype] == 0 else 1
+        cv = v.C // vc
+        ct = 16 if cv % 16 == 0 else min(cv, 8)  # pc_dwt_channel_tile
+        tiles, groups = -(-cv // ct), THREADS // ct
+        work = v.N * v.Y[0] * -(-v.Y[1] // DW_TILE_W) * -(-v.Y[2] // DW_TILE[1])
+        target = 3 * max(units, 1)  # few splits: portconv_split_finalize sums them one by one
+        splits = max(1, min(-(-target // tiles), -(-work // (4 * groups)), GRID_YZ_MAX))
+    else:  # grid (K, splits) over strips
+        tiles = v.K
+        work = v.N * v.Y[0] * v.Y[1] * -(-v.Y[2] // DW_V)
+        target = 16 * max(units, 1)  # blocks: bandwidth-bound, so fill every SM several times
+        splits = max(1, min(-(-target // v.K), -(-work // (2 * THREADS)), GRID_YZ_MAX))
+    chunk = -(-work // splits)
+    splits = -(-work // chunk)
+    return (tiles, splits, 1), splits, chunk
 
 
 @dataclasses.dataclass(frozen=True)
@@ -355,7 +416,7 @@ class _Run:
         self.defines = {"PC_DTYPE": DTYPE_CODE[pr.dtype], "PC_INDEX64": int(big)}
         self.acc64 = pr.dtype == "float64"
         self.flags = FLAG_CL if plan.memory_format != "contiguous" else 0
-        self.dw = depthwise_kernels(self.view) if self.alg == "depthwise" else {}
+        self.dw = depthwise_kernels(self.view, bool(self.flags)) if self.alg == "depthwise" else {}
 
     def _fn(self, name: str, extra: dict | None = None):
         defines = {**self.defines, **extra} if extra else self.defines
@@ -402,7 +463,8 @@ class _Run:
             grid = (-(-v.y_positions // bm), -(-(v.K // v.G) // bn), v.G)
         elif self.dw.get("fwd", "plain") != "plain":
             name += "_" + self.dw["fwd"]
-            grid = self._elementwise_grid(v.y_positions // v.Y[2] * -(-v.Y[2] // DW_V) * v.K)
+            grid = self._elementwise_grid(depthwise_work(v, "fwd", self.dw["fwd"], bool(self.flags),
+                                                         self.plan.problem.dtype))
         else:
             grid = self._elementwise_grid(v.y_positions * v.K)
         self._launch(name, grid, a, extra)
@@ -423,7 +485,8 @@ class _Run:
             grid = (-(-positions // bm), -(-(v.C // v.G) // bn), v.G)
         elif self.dw.get("bwd_data", "plain") != "plain":
             name += "_" + self.dw["bwd_data"]
-            grid = self._elementwise_grid(v.N * v.X[0] * v.X[1] * -(-v.X[2] // DW_V) * v.C)
+            grid = self._elementwise_grid(depthwise_work(v, "bwd_data", self.dw["bwd_data"], bool(self.flags),
+                                                         self.plan.problem.dtype))
         else:
             grid = self._elementwise_grid(positions * v.C)
         self._launch(name, grid, a, extra)
@@ -444,12 +507,8 @@ class _Run:
             splits = -(-total // chunk)
             grid = (tiles[0], tiles[1], v.G * splits)
         elif self.dw.get("bwd_weight", "plain") != "plain":
-            strips = v.N * v.Y[0] * v.Y[1] * -(-v.Y[2] // DW_V)
-            target = 16 * max(self.units, 1)  # blocks: bandwidth-bound, so fill every SM several times
-            splits = max(1, min(-(-target // v.K), -(-strips // (2 * THREADS)), GRID_YZ_MAX))
-            chunk = -(-strips // splits)
-            splits = -(-strips // chunk)
-            grid = (v.K, splits, 1)
+            grid, splits, chunk = depthwise_weight_grid(v, self.dw["bwd_weight"], bool(self.flags),
+                                                        self.plan.problem.dtype, self.units)
         elif self.alg == "depthwise":
             chunks = -(-v.taps // DW_TAPS)
             splits, chunk = _splits(v.K * chunks, total, 4 * THREADS, self.units, count)

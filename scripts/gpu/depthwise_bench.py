@@ -1,8 +1,11 @@
-"""GPU check of the depthwise kernels: conformance of the default ('rows') set, full-size agreement, and timing
-of the per-element ('v1') and 'rows' kernels against PyTorch on the suite's depthwise rows.
+"""GPU check of the depthwise kernels: conformance of the default set, full-size agreement, and timing of the
+depthwise kernel versions (PORTCONV_CUDA_DEPTHWISE = v1, v2, v3; 'v3all' is v3 with the tile kernels on NCHW
+too, PORTCONV_CUDA_DEPTHWISE_TILE=all) against PyTorch on the suite's depthwise rows, with % of the copy-bandwidth
+floor (bytes of the direction / best 1 GiB copy_ bandwidth measured in the same process).
 
 Run from the repository root on a CUDA machine: PYTHONPATH=. python3 scripts/gpu/depthwise_bench.py OUTDIR
-Writes OUTDIR/depthwise.json and OUTDIR/depthwise.md. Times are per call (CUDA events around one call,
+Writes OUTDIR/depthwise.json and OUTDIR/depthwise.md. DW_VARIANTS (default v2,v3,v3all), DW_ROWS, DW_RUNS,
+DW_CONFORM=0 (skip the conformance part). Times are per call (CUDA events around one call,
 median of --runs, inputs rotated over 3 buffer sets) and kernel-only (torch.profiler device time per call).
 """
 from __future__ import annotations
@@ -14,6 +17,7 @@ import statistics
 import subprocess
 import sys
 import time
+from math import prod
 
 import torch
 import torch.nn.functional as F
@@ -49,7 +53,8 @@ def conform(out: pathlib.Path) -> dict:
 
 def suite_rows() -> dict:
     spec = json.loads(pathlib.Path("portconv/bench/suite.json").read_text())
-    return {c["name"]: c for c in spec["rows"] if c["name"] in ROWS}
+    want = os.environ.get("DW_ROWS", ",".join(ROWS)).split(",")
+    return {c["name"]: c for c in spec["rows"] if c["name"] in want}
 
 
 def make(c: dict, sets: int = 3):
@@ -70,8 +75,10 @@ def make(c: dict, sets: int = 3):
     problem = Problem(params, spec_of(xs[0]), spec_of(w), False)
     be = cuda.CudaBackend()
     dev = be.device_for(problem)
-    ch = be.choose(problem, dev)
-    plan = Plan(problem, BackendId.CUDA, ch.algorithm, ch.memory_format, ch.reason, dev, ch.math)
+
+    def plan():  # a fresh plan per variant: a plan replays the launches its first call recorded
+        ch = be.choose(problem, dev)
+        return Plan(problem, BackendId.CUDA, ch.algorithm, ch.memory_format, ch.reason, dev, ch.math)
     gos = [torch.randn(problem.output_shape, device="cuda", dtype=dt) for _ in range(sets)]
     if fmt:
         gos = [g.contiguous(memory_format=fmt) for g in gos]
@@ -136,24 +143,79 @@ def check_full(d, be, plan, x, w, go, conv, args):
     return ((got - ref).norm() / ref.norm()).item()
 
 
-def bench_row(name: str, c: dict, runs: int) -> dict:
+VARIANTS = {"v1": ("v1", "cl"), "v2": ("v2", "cl"), "v3": ("v3", "auto"), "v3cl": ("v3", "cl"), "v3all": ("v3", "all")}
+TILE0 = (cuda.DW_TILE, cuda.DW_TILE_W, cuda.DW_TILE_VWN)
+_init = cuda._Run.__init__
+
+
+def _init_with_tile(self, *args, **kw):  # experiments: the tile shape of the variant as extra -D defines
+    _init(self, *args, **kw)
+    if (cuda.DW_TILE, cuda.DW_TILE_W, cuda.DW_TILE_VWN) != TILE0:
+        self.defines = {**self.defines, "PC_DWT_TH": cuda.DW_TILE[0], "PC_DWT_VW": cuda.DW_TILE[1],
+                        "PC_DWT_THW": cuda.DW_TILE_W, "PC_DWT_VWN": cuda.DW_TILE_VWN}
+
+
+cuda._Run.__init__ = _init_with_tile
+
+
+def set_variant(var: str) -> None:
+    """'v3' etc., or 'v3@TH.VW.THW' for the tile kernels compiled with another tile shape (VW for every tile)."""
+    name, _, shape = var.partition("@")
+    os.environ[cuda.DW_ENV], os.environ[cuda.DW_TILE_ENV] = VARIANTS[name]
+    if shape:
+        th, vw, thw = (int(s) for s in shape.split("."))
+        cuda.DW_TILE, cuda.DW_TILE_W, cuda.DW_TILE_VWN = (th, vw), thw, vw
+    else:
+        cuda.DW_TILE, cuda.DW_TILE_W, cuda.DW_TILE_VWN = TILE0
+
+
+def copy_bandwidth() -> float:
+    """Best bytes/ms of a 1 GiB device copy (read + write), as portconv bench measures its roofline."""
+    a = torch.empty(1 << 28, device="cuda")
+    b = torch.empty_like(a)
+    best = float("inf")
+    for _ in range(6):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        b.copy_(a)
+        e.record()
+        e.synchronize()
+        best = min(best, s.elapsed_time(e))
+    del a, b
+    return 2 * (1 << 30) / best
+
+
+def floor_ms(c: dict, d: str, bw: float) -> float:
+    """Minimum bytes of direction d (README 'Roofline') / copy bandwidth."""
+    es = torch.empty((), dtype=getattr(torch, c["dtype"])).element_size()
+    x = c["n"] * c["c"] * prod(c["spatial"])
+    y = c["n"] * c["k"] * prod((s + 2 * p - dl * (r - 1) - 1) // st + 1 for s, p, dl, r, st in
+                               zip(c["spatial"], c["padding"], c["dilation"], c["kernel"], c["stride"]))
+    w = c["k"] * (c["c"] // c["groups"]) * prod(c["kernel"])
+    return (x + y + w) * es / bw
+
+
+def bench_row(name: str, c: dict, runs: int, variants: list[str], bw: float) -> dict:
     be, plan, xs, w, gos, conv, args = make(c)
-    row = {"reason": plan.reason}
+    row = {}
     for d in DIRS:
-        cell = {}
+        cell = {"floor": floor_ms(c, d, bw)}
 
         def tfn(i, d=d):
             return torch_call(d, conv, args, xs[i], w, gos[i])
 
-        def pfn(i, d=d):
-            return pc_call(d, be, plan, xs[i], w, gos[i])
-
         cell["torch"] = (per_call_ms(tfn, 3, runs), kernel_ms(tfn, 3, runs))
-        for var in ("v1", "rows"):
-            os.environ[cuda.DW_ENV] = var
+        for var in variants:
+            set_variant(var)
+            pl = plan()
+            row.setdefault("reason", {})[var] = pl.reason
+
+            def pfn(i, d=d, pl=pl):
+                return pc_call(d, be, pl, xs[i], w, gos[i])
+
+            cell[var + "_err"] = check_full(d, be, pl, xs[0], w, gos[0], conv, args)
             cell[var] = (per_call_ms(pfn, 3, runs), kernel_ms(pfn, 3, runs))
-            cell[var + "_err"] = check_full(d, be, plan, xs[0], w, gos[0], conv, args)
-        os.environ[cuda.DW_ENV] = "rows"
+        set_variant("v3")
         row[d] = cell
         print(name, d, {k: (tuple(round(v, 4) for v in val) if isinstance(val, tuple) else f"{val:.2e}")
                         for k, val in cell.items()}, flush=True)
@@ -164,23 +226,31 @@ def main() -> int:
     out = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "dw_out")
     out.mkdir(parents=True, exist_ok=True)
     runs = int(os.environ.get("DW_RUNS", "40"))
-    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "runs": runs}
-    report["conform"] = conform(out)
+    variants = os.environ.get("DW_VARIANTS", "v2,v3,v3all").split(",")
+    bw = copy_bandwidth()
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "runs": runs,
+              "copy_GBps": bw / 1e6}
+    print(report, flush=True)
+    if os.environ.get("DW_CONFORM", "1") != "0":
+        report["conform"] = conform(out)
     rows = {}
+    lines = [f"device {report['device']}, torch {report['torch']}, copy {bw / 1e6:.0f} GB/s; ms call/kern; "
+             f"x = torch kern / ours kern; % = floor / kern", "",
+             "| row | dir | floor | torch call/kern | " + " | ".join(f"{v} call/kern (x, %)" for v in variants)
+             + " |", "|---" * (4 + len(variants)) + "|"]
     for name, c in suite_rows().items():
-        rows[name] = bench_row(name, c, runs)
-        torch.cuda.empty_cache()
-    report["rows"] = rows
-    (out / "depthwise.json").write_text(json.dumps(report, indent=1))
-    lines = ["| row | dir | torch call/kern ms | v1 call/kern ms | rows call/kern ms | rows err | x torch (kern) |",
-             "|---|---|---|---|---|---|---|"]
-    for name, row in rows.items():
+        row = rows[name] = bench_row(name, c, runs, variants, bw)
         for d in DIRS:
-            c = row[d]
-            lines.append(f"| {name} | {d} | {c['torch'][0]:.4f}/{c['torch'][1]:.4f} | {c['v1'][0]:.4f}/{c['v1'][1]:.4f}"
-                         f" | {c['rows'][0]:.4f}/{c['rows'][1]:.4f} | {c['rows_err']:.1e} | "
-                         f"{c['torch'][1] / max(c['rows'][1], 1e-9):.2f}x |")
-    (out / "depthwise.md").write_text("\n".join(lines) + "\n")
+            cl = row[d]
+            tk = cl["torch"][1]
+            cells = [f"{cl[v][0]:.4f}/{cl[v][1]:.4f} ({tk / max(cl[v][1], 1e-9):.2f}x, "
+                     f"{100 * cl['floor'] / max(cl[v][1], 1e-9):.0f}%){' ERR' if cl[v + '_err'] > 3e-2 else ''}"
+                     for v in variants]
+            lines.append(f"| {name} | {d} | {cl['floor']:.4f} | {cl['torch'][0]:.4f}/{tk:.4f} | " + " | ".join(cells)
+                         + " |")
+        (out / "depthwise.json").write_text(json.dumps({**report, "rows": rows}, indent=1))
+        (out / "depthwise.md").write_text("\n".join(lines) + "\n")
+        torch.cuda.empty_cache()
     print("\n".join(lines))
     return 0
 

@@ -107,3 +107,13 @@ inline unsigned short pc_float_to_bf16_bits(float f) {
     u += 0x7fffu + ((u >> 16) & 1u);
     return (unsigned short)(u >> 16);
 }
+
+/* Note [vector access] of cuda/prelude.cuh: plain copies on the host. */
+template <typename V>
+inline V pc_ld_vec(const V *p) {
+    return *p;
+}
+template <typename V>
+inline void pc_st_vec(V *p, const V &v) {
+    *p = v;
+}

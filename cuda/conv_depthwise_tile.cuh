@@ -1,0 +1,374 @@
+/* portconv kernel bodies: depthwise "tile" kernels (v3), a PC_DWT_TH x PC_DWT_VW output tile per thread,
+ * vectorised over channels in channels-last layouts.
+ *
+ * Note [depthwise tile]: for 3 x 3 in-plane filters (axes 1 and 2 of the view: 3 taps, dilation 1, the same
+ * stride S = 1 or 2 on both, channel multiplier 1) one thread owns PC_DWT_TH output rows (axis 1) by PC_DWT_VW
+ * outputs (axis 2) of PC_DWT_VC channels. It walks its rows with a rolling register window of 3 input rows
+ * ((PC_DWT_VW - 1) * S + 3 values each), so an input row is loaded once per tile instead of three times (the
+ * 'rows' kernels of conv_depthwise_rows.cuh load 3 rows per output row). Axis 0 (depth of 3-D problems) is a
+ * runtime tap loop with any stride, padding and dilation.
+ *
+ * Channels-last (PC_FLAG_CL) orders the work channel innermost: consecutive threads take consecutive groups of
+ * PC_DWT_VC channels (2 for the 16-bit types in one 32-bit access, 2 float32 in one 64-bit access, 1 float64)
+ * through pc_ld_vec / pc_st_vec of the prelude, where the channel stride is 1, C and every other stride are
+ * multiples of PC_DWT_VC and the base addresses are aligned; otherwise (and for NCHW, where the work is ordered
+ * spatial innermost) the same body runs with one channel per thread and scalar accesses. The decision is made
+ * in the kernel from its argument block, so it is uniform over the launch and needs nothing from the host.
+ *
+ * Backward-data with stride 1 is the same correlation over dY with the flipped filter (padding 2 - P).
+ * The weight gradient (channels-last only) gives each block a tile of 8 or 16 channel groups (threads over
+ * channels) and 32 or 16 position groups that reduce one split of the (n, depth, row tile, strip) units into R0 x 9
+ * per-channel partials in registers; the position groups are summed in shared memory in a fixed order, and
+ * splits go through portconv_split_finalize: deterministic, no atomics.
+ */
+#pragma once
+
+#ifndef PC_DWT_TH
+#define PC_DWT_TH 4 /* output rows per thread, walked with a rolling 3-row register window */
+#endif
+#ifndef PC_DWT_THW
+#define PC_DWT_THW 2 /* output rows per thread of the weight gradient (all of its rows are loaded up front) */
+#endif
+#ifndef PC_DWT_VW
+#define PC_DWT_VW 4 /* outputs per thread along the last spatial axis (channels-last, 3-D) */
+#endif
+#ifndef PC_DWT_VWN
+#define PC_DWT_VWN 2 /* the same for 2-D NCHW ('tilen' kernels): 4 x 2 tiles measured fastest there */
+#endif
+
+/* An aligned group of N elements: one vector access through the prelude's pc_ld_vec / pc_st_vec. */
+template <typename T, int N>
+struct alignas(sizeof(T) * N) pc_vec {
+    T v[N];
+};
+
+/* Channels per thread on the vector path: a 32-bit access of two 16-bit values, 64-bit of two float32. */
+#define PC_DWT_VC (sizeof(pc_t) == 8 ? 1 : 2)
+
+/* The vector path applies: unit channel stride, every other stride and C multiples of VC, aligned bases. */
+template <int VC>
+PC_DEVICE bool pc_dwt_vec_ok(const pc_conv_args &a) {
+    if (VC <= 1 || a.K != a.C || a.C % VC != 0 || a.xs[1] != 1 || a.ys[1] != 1) return false;
+    if (a.xs[0] % VC || a.xs[2] % VC || a.xs[3] % VC || a.xs[4] % VC) return false;
+    if (a.ys[0] % VC || a.ys[2] % VC || a.ys[3] % VC || a.ys[4] % VC) return false;
+    const long long align = (long long)(VC * sizeof(pc_t));
+    return a.x % align == 0 && a.y % align == 0;
+}
+
+/* One window row: r[t][j] = src[base + (b2 + t) * s4 + j] (zero outside [0, E2) or where !ok). */
+template <int VC, int WIN>
+PC_DEVICE void pc_dwt_row(pc_acc_t (&r)[WIN][VC], const pc_t *PC_RESTRICT src, pc_idx base, bool ok, pc_idx b2,
+                          pc_idx E2, pc_idx s4) {
+#pragma unroll
+    for (int t = 0; t < WIN; ++t) {
+        const pc_idx i2 = b2 + t;
+        if (ok && i2 >= 0 && i2 < E2) {
+            if (VC > 1) {
+                const pc_vec<pc_t, VC> v = pc_ld_vec((const pc_vec<pc_t, VC> *)(src + base + i2 * s4));
+#pragma unroll
+                for (int j = 0; j < VC; ++j) r[t][j] = (pc_acc_t)pc_ld(v.v, j);
+            } else {
+                r[t][0] = (pc_acc_t)pc_ld(src, base + i2 * s4);
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < VC; ++j) r[t][j] = 0;
+        }
+    }
+}
+
+/* Store one output row of a tile (VW positions of VC channels, bias added; positions past D2 skipped). */
+template <int VC, int VW>
+PC_DEVICE void pc_dwt_store(pc_t *PC_RESTRICT dst, pc_idx o, pc_idx ds4, pc_idx left, const pc_acc_t (&acc)[VW][VC],
+                            const pc_acc_t (&bias)[VC]) {
+#pragma unroll
+    for (int v = 0; v < VW; ++v) {
+        if (v >= left) break;
+        if (VC > 1) {
+            pc_vec<pc_t, VC> out;
+#pragma unroll
+            for (int j = 0; j < VC; ++j) pc_st(out.v, j, acc[v][j] + bias[j]);
+            pc_st_vec((pc_vec<pc_t, VC> *)(dst + o + v * ds4), out);
+        } else {
+            pc_st(dst, o + v * ds4, acc[v][0] + bias[0]);
+        }
+    }
+}
+
+/* Forward (BWD false: X -> Y, stride S) or stride-1 backward-data (BWD true: dY -> dX, flipped filter).
+ * ONE0: the view has one tap on axis 0 (2-D and 1-D problems): each tile row is stored as soon as it is done,
+ * so only one row of accumulators is live; else every tile row accumulates over the axis-0 taps first. */
+template <int S, bool BWD, int VC, bool ONE0, int VW>
+PC_DEVICE void pc_dwt_conv(const pc_conv_args &a) {
+    constexpr int TH = PC_DWT_TH, WIN = (VW - 1) * S + 3, TA = ONE0 ? 1 : TH;
+    const pc_t *PC_RESTRICT src = (const pc_t *)(BWD ? a.y : a.x);
+    pc_t *PC_RESTRICT dst = (pc_t *)(BWD ? a.x : a.y);
+    const pc_t *PC_RESTRICT w = (const pc_t *)a.w;
+    const pc_t *PC_RESTRICT b = (const pc_t *)a.b;
+    const pc_idx E0 = (pc_idx)(BWD ? a.Y[0] : a.X[0]), E1 = (pc_idx)(BWD ? a.Y[1] : a.X[1]);
+    const pc_idx E2 = (pc_idx)(BWD ? a.Y[2] : a.X[2]);
+    const pc_idx D0 = (pc_idx)(BWD ? a.X[0] : a.Y[0]), D1 = (pc_idx)(BWD ? a.X[1] : a.Y[1]);
+    const pc_idx D2 = (pc_idx)(BWD ? a.X[2] : a.Y[2]);
+    const pc_idx ss0 = (pc_idx)(BWD ? a.ys[0] : a.xs[0]), ss1 = (pc_idx)(BWD ? a.ys[1] : a.xs[1]);
+    const pc_idx ss2 = (pc_idx)(BWD ? a.ys[2] : a.xs[2]), ss3 = (pc_idx)(BWD ? a.ys[3] : a.xs[3]);
+    const pc_idx ss4 = (pc_idx)(BWD ? a.ys[4] : a.xs[4]);
+    const pc_idx ds0 = (pc_idx)(BWD ? a.xs[0] : a.ys[0]), ds1 = (pc_idx)(BWD ? a.xs[1] : a.ys[1]);
+    const pc_idx ds2 = (pc_idx)(BWD ? a.xs[2] : a.ys[2]), ds3 = (pc_idx)(BWD ? a.xs[3] : a.ys[3]);
+    const pc_idx ds4 = (pc_idx)(BWD ? a.xs[4] : a.ys[4]);
+    const pc_idx ws0 = (pc_idx)a.ws_[0], ws2 = (pc_idx)a.ws_[2], ws3 = (pc_idx)a.ws_[3], ws4 = (pc_idx)a.ws_[4];
+    const pc_idx R0 = ONE0 ? 1 : (pc_idx)a.R[0];
+    const pc_idx PE1 = BWD ? 2 - (pc_idx)a.P[1] : (pc_idx)a.P[1], PE2 = BWD ? 2 - (pc_idx)a.P[2] : (pc_idx)a.P[2];
+    const pc_idx CV = (pc_idx)a.C / VC, T1 = (D1 + TH - 1) / TH, NS = (D2 + VW - 1) / VW;
+    const pc_idx total = (pc_idx)a.N * D0 * T1 * NS * CV;
+    const bool cl = (a.flags & PC_FLAG_CL) != 0;
+    for (pc_idx e = pc_global_id(); e < total; e += pc_grid_stride()) {
+        pc_idx n, cv, d0, t1, s;
+        pc_unflatten5(e, CV, D0, T1, NS, cl, n, cv, d0, t1, s);
+        const pc_idx c = cv * VC, d1s = t1 * TH, d2s = s * VW;
+        const pc_idx b1 = d1s * S - PE1, b2 = d2s * S - PE2;
+        pc_acc_t bias[VC];
+#pragma unroll
+        for (int j = 0; j < VC; ++j) bias[j] = b ? (pc_acc_t)pc_ld(b, (c + j) * (pc_idx)a.bs) : (pc_acc_t)0;
+        const pc_idx db = n * ds0 + c * ds1 + d0 * ds2;
+        pc_acc_t acc[TA][VW][VC];
+#pragma unroll
+        for (int t = 0; t < TA; ++t)
+#pragma unroll
+            for (int v = 0; v < VW; ++v)
+#pragma unroll
+                for (int j = 0; j < VC; ++j) acc[t][v][j] = 0;
+        bool any = false;
+        for (pc_idx r0 = 0; r0 < R0; ++r0) {
+            pc_idx i0;
+            if (BWD) {
+                if (!pc_out_of(d0, r0, (pc_idx)a.S[0], (pc_idx)a.P[0], (pc_idx)a.DL[0], E0, i0)) continue;
+            } else {
+                i0 = d0 * (pc_idx)a.S[0] - (pc_idx)a.P[0] + r0 * (pc_idx)a.DL[0];
+                if (i0 < 0 || i0 >= E0) continue;
+            }
+            any = true;
+            pc_acc_t wv[3][3][VC];
+#pragma unroll
+            for (int r1 = 0; r1 < 3; ++r1)
+#pragma unroll
+                for (int r2 = 0; r2 < 3; ++r2)
+#pragma unroll
+                    for (int j = 0; j < VC; ++j)
+                        wv[r1][r2][j] = (pc_acc_t)pc_ld(w, (c + j) * ws0 + r0 * ws2 + (BWD ? 2 - r1 : r1) * ws3 +
+                                                               (BWD ? 2 - r2 : r2) * ws4);
+            const pc_idx rb = n * ss0 + c * ss1 + i0 * ss2;
+            /* PF: all TH + 2 source rows are loaded up front (every load of the tile in flight at once); else a
+             * rolling window: before tile row t, row[0 .. 2-S] hold source rows b1 + S*t + 0 .. 2-S */
+            constexpr bool PF = ONE0 && S == 1;
+            constexpr int NR = PF ? TH + 2 : 3;
+            pc_acc_t row[NR][WIN][VC];
+#pragma unroll
+            for (int q = 0; q < (PF ? NR : 3 - S); ++q) {
+                const pc_idx i1 = b1 + q;
+                pc_dwt_row<VC, WIN>(row[q], src, rb + i1 * ss3, i1 >= 0 && i1 < E1, b2, E2, ss4);
+            }
+#pragma unroll
+            for (int t = 0; t < TH; ++t) {
+#pragma unroll
+                for (int q = 3 - S; q < 3; ++q) {
+                    if (PF) break;
+                    const pc_idx i1 = b1 + S * t + q;
+                    pc_dwt_row<VC, WIN>(row[q], src, rb + i1 * ss3, i1 >= 0 && i1 < E1, b2, E2, ss4);
+                }
+                const int ta = ONE0 ? 0 : t, rr = PF ? t : 0;
+#pragma unroll
+                for (int r1 = 0; r1 < 3; ++r1)
+#pragma unroll
+                    for (int r2 = 0; r2 < 3; ++r2)
+#pragma unroll
+                        for (int v = 0; v < VW; ++v)
+#pragma unroll
+                            for (int j = 0; j < VC; ++j)
+                                acc[ta][v][j] += row[rr + r1][v * S + r2][j] * wv[r1][r2][j];
+                if (ONE0) {
+                    if (d1s + t < D1) pc_dwt_store<VC, VW>(dst, db + (d1s + t) * ds3 + d2s * ds4, ds4, D2 - d2s,
+                                                            acc[0], bias);
+#pragma unroll
+                    for (int v = 0; v < VW; ++v)
+#pragma unroll
+                        for (int j = 0; j < VC; ++j) acc[0][v][j] = 0;
+                }
+#pragma unroll
+                for (int q = 0; q < 3 - S; ++q)
+#pragma unroll
+                    for (int u = 0; u < WIN; ++u)
+#pragma unroll
+                        for (int j = 0; j < VC; ++j)
+                            if (!PF) row[q][u][j] = row[q + S][u][j];
+            }
+        }
+        if (!ONE0 || !any) { /* ONE0 with its one tap outside the input: the tile is bias only */
+#pragma unroll
+            for (int t = 0; t < TH; ++t)
+                if (d1s + t < D1)
+                    pc_dwt_store<VC, VW>(dst, db + (d1s + t) * ds3 + d2s * ds4, ds4, D2 - d2s, acc[ONE0 ? 0 : t], bias);
+        }
+    }
+}
+
+/* CLV: try the vector path (channels-last), else one channel per thread; ONE0: the view has one axis-0 tap. */
+template <int S, bool BWD, bool ONE0, bool CLV>
+PC_DEVICE void pc_dwt_conv_any(const pc_conv_args &a) {
+    constexpr int VC = PC_DWT_VC;
+    constexpr int VW = CLV || !ONE0 ? PC_DWT_VW : PC_DWT_VWN;
+    if (CLV && VC > 1 && pc_dwt_vec_ok<VC>(a))
+        pc_dwt_conv<S, BWD, (CLV ? VC : 1), ONE0, VW>(a);
+    else
+        pc_dwt_conv<S, BWD, 1, ONE0, VW>(a);
+}
+
+/* Weight gradient, channels-last, R0C x 3 x 3 filters (R0C = 1 or 3, dilation 1 on axis 0 when 3), in-plane
+ * stride S. Grid (channel tiles, splits); a.chunk units (n, o0, row tile, strip) per split. */
+/* Channel groups per block of the weight gradient (cuda.py's depthwise_weight_grid computes the same): 16 or 8,
+ * so a block holds 16 or 32 position groups, and the splits (each a pass of portconv_split_finalize) stay few. */
+PC_DEVICE pc_idx pc_dwt_channel_tile(pc_idx CV) { return CV % 16 == 0 ? 16 : CV < 8 ? CV : 8; }
+
+template <int R0C, int S, int VC>
+PC_DEVICE void pc_dwt_bwd_weight(const pc_conv_args &a) {
+    constexpr int TH = PC_DWT_THW, VW = PC_DWT_VW, WIN = (VW - 1) * S + 3, TAPS = R0C * 9;
+    const pc_t *PC_RESTRICT x = (const pc_t *)a.x;
+    pc_t *PC_RESTRICT dw = (pc_t *)a.w;
+    const pc_t *PC_RESTRICT dy = (const pc_t *)a.y;
+    const pc_idx Y0 = (pc_idx)a.Y[0], Y1 = (pc_idx)a.Y[1], Y2 = (pc_idx)a.Y[2];
+    const pc_idx X0 = (pc_idx)a.X[0], X1 = (pc_idx)a.X[1], X2 = (pc_idx)a.X[2];
+    const pc_idx xs4 = (pc_idx)a.xs[4], ys4 = (pc_idx)a.ys[4];
+    const pc_idx CV = (pc_idx)a.C / VC, B = (pc_idx)blockDim.x, CT = pc_dwt_channel_tile(CV), PG = B / CT;
+    const pc_idx lane = (pc_idx)threadIdx.x % CT, pg = (pc_idx)threadIdx.x / CT;
+    const pc_idx ntiles = (CV + CT - 1) / CT;
+    const pc_idx T1 = (Y1 + TH - 1) / TH, NS = (Y2 + VW - 1) / VW;
+    const pc_idx sp = (pc_idx)blockIdx.y;
+    pc_idx lo, hi;
+    pc_split_range((pc_idx)a.N * Y0 * T1 * NS, (pc_idx)a.chunk, sp, lo, hi);
+    PC_SHARED pc_acc_t red[256];
+    for (pc_idx tile = (pc_idx)blockIdx.x; tile < ntiles; tile += (pc_idx)gridDim.x) {
+        const pc_idx cv = tile * CT + lane, c = cv * VC;
+        const bool active = pg < PG && cv < CV;
+        pc_acc_t acc[TAPS][VC];
+#pragma unroll
+        for (int t = 0; t < TAPS; ++t)
+#pragma unroll
+            for (int j = 0; j < VC; ++j) acc[t][j] = 0;
+        for (pc_idx e = lo + pg; active && e < hi; e += PG) {
+            pc_idx n, o0, t1, st;
+            pc_unflatten4(e, Y0, T1, NS, n, o0, t1, st);
+            const pc_idx o1s = t1 * TH, o2s = st * VW;
+            const pc_idx b1 = o1s * S - (pc_idx)a.P[1], b2 = o2s * S - (pc_idx)a.P[2];
+            const pc_idx gb = n * (pc_idx)a.ys[0] + c * (pc_idx)a.ys[1] + o0 * (pc_idx)a.ys[2];
+#pragma unroll
+            for (int r0 = 0; r0 < R0C; ++r0) {
+                const pc_idx i0 = o0 * (pc_idx)a.S[0] - (pc_idx)a.P[0] + r0 * (pc_idx)a.DL[0];
+                if (i0 < 0 || i0 >= X0) continue;
+                const pc_idx rb = n * (pc_idx)a.xs[0] + c * (pc_idx)a.xs[1] + i0 * (pc_idx)a.xs[2];
+                constexpr int NR = (TH - 1) * S + 3; /* every source row of the tile, loaded up front */
+                pc_acc_t row[NR][WIN][VC];
+                pc_acc_t g[TH][VW][VC];
+#pragma unroll
+                for (int q = 0; q < NR; ++q) {
+                    const pc_idx i1 = b1 + q;
+                    pc_dwt_row<VC, WIN>(row[q], x, rb + i1 * (pc_idx)a.xs[3], i1 >= 0 && i1 < X1, b2, X2, xs4);
+                }
+#pragma unroll
+                for (int t = 0; t < TH; ++t)
+                    pc_dwt_row<VC, VW>(g[t], dy, gb + (o1s + t) * (pc_idx)a.ys[3], o1s + t < Y1, o2s, Y2, ys4);
+#pragma unroll
+                for (int t = 0; t < TH; ++t)
+#pragma unroll
+                    for (int r1 = 0; r1 < 3; ++r1)
+#pragma unroll
+                        for (int r2 = 0; r2 < 3; ++r2)
+#pragma unroll
+                            for (int v = 0; v < VW; ++v)
+#pragma unroll
+                                for (int j = 0; j < VC; ++j)
+                                    acc[(r0 * 3 + r1) * 3 + r2][j] += g[t][v][j] * row[S * t + r1][v * S + r2][j];
+            }
+        }
+        /* the position groups' partials, summed in a fixed order */
+#pragma unroll
+        for (int t = 0; t < TAPS; ++t) {
+#pragma unroll
+            for (int j = 0; j < VC; ++j) {
+                red[threadIdx.x] = acc[t][j];
+                PC_BARRIER();
+                if (pg == 0 && cv < CV) {
+                    pc_acc_t sum = 0;
+                    for (pc_idx p = 0; p < PG; ++p) sum += red[p * CT + lane];
+                    const pc_idx k = c + j;
+                    if (a.splits == 1)
+                        pc_st(dw, k * (pc_idx)a.ws_[0] + (t / 9) * (pc_idx)a.ws_[2] + ((t / 3) % 3) * (pc_idx)a.ws_[3] +
+                                      (t % 3) * (pc_idx)a.ws_[4],
+                              sum);
+                    else
+                        ((pc_acc_t *)a.ws)[sp * (pc_idx)a.K * TAPS + k * TAPS + t] = sum;
+                }
+                PC_BARRIER();
+            }
+        }
+    }
+}
+
+template <int R0C, int S>
+PC_DEVICE void pc_dwt_bwd_weight_any(const pc_conv_args &a) {
+    constexpr int VC = PC_DWT_VC;
+    if (VC > 1 && pc_dwt_vec_ok<VC>(a))
+        pc_dwt_bwd_weight<R0C, S, VC>(a);
+    else
+        pc_dwt_bwd_weight<R0C, S, 1>(a);
+}
+
+/* Forward and backward-data kernels: tile[n][3d]_s{S}. 'n': NCHW-style (one channel per thread, spatial
+ * innermost work order); no 'n': channels-last, vectorised where pc_dwt_vec_ok; '3d': any number of axis-0 taps
+ * (else exactly one). Separate entries keep each one's register count to what it needs. */
+PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_fwd_tile_s1(const pc_conv_args a) {
+    pc_dwt_conv_any<1, false, true, true>(a);
+}
+PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_fwd_tilen_s1(const pc_conv_args a) {
+    pc_dwt_conv_any<1, false, true, false>(a);
+}
+PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_fwd_tile3d_s1(const pc_conv_args a) {
+    pc_dwt_conv_any<1, false, false, true>(a);
+}
+PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_fwd_tilen3d_s1(const pc_conv_args a) {
+    pc_dwt_conv_any<1, false, false, false>(a);
+}
+PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_fwd_tile_s2(const pc_conv_args a) {
+    pc_dwt_conv_any<2, false, true, true>(a);
+}
+PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_fwd_tilen_s2(const pc_conv_args a) {
+    pc_dwt_conv_any<2, false, true, false>(a);
+}
+PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_fwd_tile3d_s2(const pc_conv_args a) {
+    pc_dwt_conv_any<2, false, false, true>(a);
+}
+PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_fwd_tilen3d_s2(const pc_conv_args a) {
+    pc_dwt_conv_any<2, false, false, false>(a);
+}
+PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_data_tile_s1(const pc_conv_args a) {
+    pc_dwt_conv_any<1, true, true, true>(a);
+}
+PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_data_tilen_s1(const pc_conv_args a) {
+    pc_dwt_conv_any<1, true, true, false>(a);
+}
+PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_data_tile3d_s1(const pc_conv_args a) {
+    pc_dwt_conv_any<1, true, false, true>(a);
+}
+PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_data_tilen3d_s1(const pc_conv_args a) {
+    pc_dwt_conv_any<1, true, false, false>(a);
+}
+PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_weight_tile2d_s1(const pc_conv_args a) {
+    pc_dwt_bwd_weight_any<1, 1>(a);
+}
+PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_weight_tile2d_s2(const pc_conv_args a) {
+    pc_dwt_bwd_weight_any<1, 2>(a);
+}
+PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_weight_tile3d_s1(const pc_conv_args a) {
+    pc_dwt_bwd_weight_any<3, 1>(a);
+}
+PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_weight_tile3d_s2(const pc_conv_args a) {
+    pc_dwt_bwd_weight_any<3, 2>(a);
+}
