@@ -136,26 +136,30 @@ class OwnKernelWin:
 
 
 def _large_dense_depthwise_3tap(problem: Problem) -> bool:
-    """Depthwise, NCHW/NCDHW-contiguous, every kernel dim 3, stride 1, dilation 1, at least 4M output elements."""
+    """Depthwise, NCHW/NCDHW-contiguous, every kernel dim 3, stride 1 (or 2 in 2-D), dilation 1, at least 2M output
+    elements."""
     p, x = problem.params, problem.input
     out = 1
     for s in problem.output_shape:
         out *= s
+    stride_ok = set(p.stride) == {1} or (p.rank == 2 and set(p.stride) == {2})
     return (problem.is_depthwise and not p.transposed and x.memory_format == "contiguous" and x.is_contiguous()
-            and p.rank >= 2 and all(k == 3 for k in problem.weight.shape[2:]) and set(p.stride) == {1}
-            and set(p.dilation) == {1} and out >= 4 * 1024 * 1024)
+            and p.rank >= 2 and all(k == 3 for k in problem.weight.shape[2:]) and stride_ok
+            and set(p.dilation) == {1} and out >= 2 * 1024 * 1024)
 
 
 # Note [own kernel wins]: each row needs a measurement. The first H200 run measured the first depthwise kernels at
-# 0.38x-0.62x PyTorch; the 'rows' kernels (cuda/conv_depthwise_rows.cuh) then measured, in kernel time,
-# 2.60x (mbv2-dw3x3), 2.36x (mbv2-dw3x3-bf16) and 2.70x (dw3d-3x3x3) PyTorch for forward + both gradients
-# (docs/performance/NOTES.md). Small problems (mbv2-dw3x3-last, -b1) lose per call to host overhead, strided and
-# channels-last ones to ATen's kernels, so the row stops at 4M outputs, stride 1, NCHW.
+# 0.38x-0.62x PyTorch; the 'rows' kernels (cuda/conv_depthwise_rows.cuh) then 2.4x-2.7x in kernel time; the v3
+# 'tile' kernels (cuda/conv_depthwise_tile.cuh, H100, docs/performance/notes-depthwise-v3.md), forward + both
+# gradients, kernel / per call: mbv2-dw3x3 2.99x / 2.28x, -bf16 2.96x / 2.20x, dw3d-3x3x3 3.58x / 3.34x, and with
+# the stride-2 backward-data window mbv2-dw3x3-s2 (3.6M outputs) 1.69x / 1.35x. Small problems (mbv2-dw3x3-last,
+# 1.5M outputs: 1.16x per call; -b1: 0.78x) gain less than the 1.3x asked per call, and channels-last loses to cuDNN's
+# NHWC kernels (0.62x), so the row stops at 2M outputs, NCHW, stride 1 (or 2 in 2-D).
 OWN_KERNEL_WINS: tuple[OwnKernelWin, ...] = (
     OwnKernelWin(BackendId.CUDA, ("CudaDepthwise2d", "CudaDepthwise3d"), _large_dense_depthwise_3tap,
-                 "depthwise 3x3 / 3x3x3, stride 1, NCHW, >= 4M outputs",
-                 "portconv's depthwise rows kernels measured 2.4x-2.7x PyTorch (forward + both gradients, kernel "
-                 "time) on mbv2-dw3x3, mbv2-dw3x3-bf16 and dw3d-3x3x3 (docs/performance/NOTES.md)"),
+                 "depthwise 3x3 / 3x3x3, stride 1 (or 2 in 2-D), NCHW, >= 2M outputs",
+                 "portconv's depthwise v3 kernels measured 1.35x-3.34x PyTorch per call (forward + both gradients) on "
+                 "mbv2-dw3x3, -bf16, -s2 and dw3d-3x3x3 on an H100 (docs/performance/notes-depthwise-v3.md)"),
 )
 
 

@@ -123,7 +123,6 @@ def gpu(requested_backends, monkeypatch):
     clear_cache()
 
 
-
 GPU_CASES = [  # (input, weight, conv kwargs, layout)
     ((4, 16, 20, 20), (32, 16, 3, 3), dict(padding=1), "contig"),
     ((2, 24, 17, 15), (24, 1, 3, 3), dict(padding=1, stride=2, groups=24), "chlast"),
@@ -152,6 +151,54 @@ def test_every_algorithm_matches_float64(gpu, case, dtype):
         for name, got, r in zip(("output", "grad_input", "grad_weight", "grad_bias"), (y, *grads), ref):
             assert_close(got, r, dtype, f"{alg} {name}")
             assert got.device == gpu and got.dtype == dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", range(len(GPU_CASES)))
+def test_replayed_launches_match_float64(gpu, case, dtype):
+    """Note [replayed launches]: a plan's second call replays the first's launches with this call's addresses;
+    every algorithm and direction is replayed (never the ordinary fallback) and still matches float64."""
+    from portconv.backends._replay import Program
+
+    xs, ws, kw, layout = GPU_CASES[case]
+    x, w, b, p = _make(xs, ws, kw, layout, dtype, gpu)
+    x0, w0, b0, _ = _make(xs, ws, kw, layout, dtype, gpu, seed_mult=7)  # the recorded call's data
+    problem = Problem(p, spec_of(x), spec_of(w), True)
+    be = cuda.CudaBackend()
+    choice = be.choose(problem, be.device_for(problem))
+    go = torch.randn(problem.output_shape, device=gpu).to(dtype)
+    ref = reference(x, w, b, p, go)
+    masks = ((True, True, True), (True, False, False), (False, True, False))
+    for alg in ["direct", "implicit_gemm"] + (["depthwise"] if problem.is_depthwise else []):
+        plan = Plan(problem, BackendId.CUDA, alg, choice.memory_format, choice.reason, be.device_for(problem))
+        for mask in masks:
+            be.forward(plan, x0, w0, b0)
+            be.backward(plan, torch.randn_like(go), x0, w0, mask)
+            y = be.forward(plan, x, w, b)
+            grads = be.backward(plan, go, x, w, mask)
+            for name, got, r, m in zip(("output", "grad_input", "grad_weight", "grad_bias"), (y, *grads), ref,
+                                       (True, *mask)):
+                if m:
+                    assert_close(got, r, dtype, f"{alg} {name} (replayed)")
+                else:
+                    assert got is None
+        programs = plan.state["replay"]
+        assert len(programs) == 1 + len(masks) and all(isinstance(v, Program) for v in programs.values()), alg
+
+
+def test_replay_follows_the_current_stream(gpu):
+    """The replayed launches go to the caller's current stream of this call, not the recorded call's."""
+    x, w, b, p = _make((4, 16, 64, 64), (16, 16, 3, 3), dict(padding=1), "contig", torch.float32, gpu)
+    portconv.conv2d(x, w, b, padding=1, backend="cuda")  # recorded on the default stream
+    new = torch.randn_like(x)
+    side = torch.cuda.Stream(gpu)
+    torch.cuda.synchronize(gpu)
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)
+        x.copy_(new)
+        y = portconv.conv2d(x, w, b, padding=1, backend="cuda")
+    side.synchronize()
+    assert_close(y, reference(new, w, b, p, torch.zeros(y.shape))[0], torch.float32, "replayed on a side stream")
 
 
 def test_public_api_autograd_and_output_mask(gpu):

@@ -15,10 +15,12 @@ import zlib
 
 import pytest
 import torch
+from emu import EmuTensors
 from gpu_refs import reference
 
 from portconv.backends import BackendId, Problem, cuda
 from portconv.backends._cupy import inline_source
+from portconv.backends._replay import Program
 from portconv.device import DeviceInfo
 from portconv.params import ConvParams
 from portconv.plan import Plan
@@ -139,33 +141,13 @@ class _EmuKernels:
         return lib, ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
 
 
-class _EmuTensors:
-    """Tensors stand-in: torch CPU tensors, launches run by the emulator."""
-
-    device = 0
-    ptr = staticmethod(cuda._cupy.Tensors.ptr)
-
-    def empty(self, shape, strides, dtype, poison=False):
-        t = torch.empty_strided(tuple(shape), tuple(strides), dtype=getattr(torch, dtype))
-        return t.fill_(float("nan")) if poison else t
-
-    def workspace(self, count, double):
-        return torch.full((count,), float("nan"), dtype=torch.float64 if double else torch.float32)
-
-    def launch(self, fn, grid, block, args):
-        lib, ptr = fn
-        rc = lib.pc_emu_launch(ctypes.c_void_p(ptr), *[ctypes.c_uint(g) for g in grid], ctypes.c_uint(block),
-                               ctypes.c_void_p(args.ctypes.data))
-        assert rc == 0, "the emulated kernel deadlocked at a barrier"
-
-
 class _EmuBackend(cuda.CudaBackend):
     def __init__(self, tmp):
         super().__init__()
         self._kernels = _EmuKernels(tmp)
 
     def tensors(self, like):
-        return _EmuTensors()
+        return EmuTensors()
 
 
 _DEVICE = DeviceInfo(vendor="nvidia", kind="gpu", name="emulated", arch="sm_90", compute_units=2, fp16=True,
@@ -261,8 +243,12 @@ def test_bodies_on_cpu_match_pytorch(emu_backend, case, monkeypatch):
         ref = reference(x, w, b, params, go, (True, True, True))
         for alg in algs:
             plan = Plan(problem, BackendId.CUDA, alg, choice.memory_format, choice.reason, _DEVICE)
-            y = emu_backend.forward(plan, x, w, b)
+            x0, w0, b0 = _data(case, dtype)  # the recorded first call: same layouts, other storage
+            emu_backend.forward(plan, x0, w0, b0)
+            emu_backend.backward(plan, go.clone(), x0, w0, (True, True, True))
+            y = emu_backend.forward(plan, x, w, b)  # replayed (Note [replayed launches])
             got = (y, *emu_backend.backward(plan, go, x, w, (True, True, True)))
+            assert all(isinstance(v, Program) for v in plan.state["replay"].values()), alg
             for name, g_, r_ in zip(("output", "grad_input", "grad_weight", "grad_bias"), got, ref):
                 assert tuple(g_.shape) == tuple(r_.shape), (alg, name)
                 assert not torch.isnan(g_).any(), f"{alg} {dtype} {name}: unwritten (NaN) elements"
@@ -270,34 +256,6 @@ def test_bodies_on_cpu_match_pytorch(emu_backend, case, monkeypatch):
                 assert err < _tol(dtype), f"{alg} {dtype} {name}: relative error {err:.3g}"
         masked = emu_backend.backward(plan, go, x, w, (False, True, False))
         assert masked[0] is None and masked[2] is None and masked[1] is not None
-
-
-@pytest.mark.parametrize("case", [c for c in EMU_CASES if c.groups == 1] + [
-    EmuCase(2, 2, 5, 7, 9, 4, stride=3, padding=2),  # 9 phases, taps 4 over stride 3: phases with 1 or 2 taps
-    EmuCase(2, 1, 3, 4, 6, 1, stride=2),  # 1x1 stride 2: three of four phases reach no tap (zeros + bias)
-    EmuCase(2, 1, 4, 5, 9, 3, padding=3, dilation=3),  # stride 1, dilation 3: one phase, dY steps of 3
-    EmuCase(1, 2, 3, 4, 12, 3, padding="same", dilation=2, transposed=False, layout="strided"),
-    EmuCase(2, 2, 4, 6, 5, 3, stride=2, padding=1, transposed=True, output_padding=1, layout="chlast"),
-], ids=lambda c: f"r{c.rank}s{c.stride}k{c.kernel}{'t' if c.transposed else ''}{c.layout}")
-def test_igemm_tc_host_path_on_cpu(emu_backend, case, monkeypatch):
-    """The igemm-tc plan's host path (tile defines, grids, Note [bwd-data phases] kernel) with the emulator's FMA
-    tile in place of the tensor cores (PC_TENSOR_CORES stays 0 there; the tile is pinned to the FMA tile's 64x64)."""
-    monkeypatch.setenv("PORTCONV_POISON", "1")
-    monkeypatch.setattr(cuda, "tc_tile", lambda m, n, units: (64, 64, 2))
-    for dtype in (torch.float64, torch.bfloat16):
-        x, w, b = _data(case, dtype)
-        params = ConvParams.make(case.rank, case.stride, case.padding, case.dilation, case.transposed,
-                                 case.output_padding, case.groups, weight_shape=tuple(w.shape))
-        problem = Problem(params, spec_of(x), spec_of(w), True)
-        choice = emu_backend.choose(problem, _DEVICE)
-        go = torch.randn(problem.output_shape, dtype=torch.float64).to(dtype)
-        ref = reference(x, w, b, params, go, (True, True, True))
-        plan = Plan(problem, BackendId.CUDA, "igemm-tc", choice.memory_format, choice.reason, _DEVICE)
-        got = (emu_backend.forward(plan, x, w, b), *emu_backend.backward(plan, go, x, w, (True, True, True)))
-        for name, g_, r_ in zip(("output", "grad_input", "grad_weight", "grad_bias"), got, ref):
-            assert not torch.isnan(g_).any(), f"igemm-tc {dtype} {name}: unwritten (NaN) elements"
-            err = ((g_.double() - r_).norm() / r_.norm().clamp_min(1e-30)).item()
-            assert err < _tol(dtype), f"igemm-tc {dtype} {name}: relative error {err:.3g}"
 
 
 # --- depthwise v3 (Note [depthwise tile] of cuda/conv_depthwise_tile.cuh, stride-2 backward-data window) ------
@@ -366,3 +324,31 @@ def test_depthwise_v3_selection(monkeypatch):
     assert ks(view(2), cl=True) == {"fwd": "rows3s2", "bwd_data": "rows", "bwd_weight": "rows2d_s2"}
     monkeypatch.setenv(cuda.DW_ENV, "v1")
     assert set(ks(view(1), cl=True).values()) == {"plain"}
+
+
+@pytest.mark.parametrize("case", [c for c in EMU_CASES if c.groups == 1] + [
+    EmuCase(2, 2, 5, 7, 9, 4, stride=3, padding=2),  # 9 phases, taps 4 over stride 3: phases with 1 or 2 taps
+    EmuCase(2, 1, 3, 4, 6, 1, stride=2),  # 1x1 stride 2: three of four phases reach no tap (zeros + bias)
+    EmuCase(2, 1, 4, 5, 9, 3, padding=3, dilation=3),  # stride 1, dilation 3: one phase, dY steps of 3
+    EmuCase(1, 2, 3, 4, 12, 3, padding="same", dilation=2, transposed=False, layout="strided"),
+    EmuCase(2, 2, 4, 6, 5, 3, stride=2, padding=1, transposed=True, output_padding=1, layout="chlast"),
+], ids=lambda c: f"r{c.rank}s{c.stride}k{c.kernel}{'t' if c.transposed else ''}{c.layout}")
+def test_igemm_tc_host_path_on_cpu(emu_backend, case, monkeypatch):
+    """The igemm-tc plan's host path (tile defines, grids, Note [bwd-data phases] kernel) with the emulator's FMA
+    tile in place of the tensor cores (PC_TENSOR_CORES stays 0 there; the tile is pinned to the FMA tile's 64x64)."""
+    monkeypatch.setenv("PORTCONV_POISON", "1")
+    monkeypatch.setattr(cuda, "tc_tile", lambda m, n, units: (64, 64, 2))
+    for dtype in (torch.float64, torch.bfloat16):
+        x, w, b = _data(case, dtype)
+        params = ConvParams.make(case.rank, case.stride, case.padding, case.dilation, case.transposed,
+                                 case.output_padding, case.groups, weight_shape=tuple(w.shape))
+        problem = Problem(params, spec_of(x), spec_of(w), True)
+        choice = emu_backend.choose(problem, _DEVICE)
+        go = torch.randn(problem.output_shape, dtype=torch.float64).to(dtype)
+        ref = reference(x, w, b, params, go, (True, True, True))
+        plan = Plan(problem, BackendId.CUDA, "igemm-tc", choice.memory_format, choice.reason, _DEVICE)
+        got = (emu_backend.forward(plan, x, w, b), *emu_backend.backward(plan, go, x, w, (True, True, True)))
+        for name, g_, r_ in zip(("output", "grad_input", "grad_weight", "grad_bias"), got, ref):
+            assert not torch.isnan(g_).any(), f"igemm-tc {dtype} {name}: unwritten (NaN) elements"
+            err = ((g_.double() - r_).norm() / r_.norm().clamp_min(1e-30)).item()
+            assert err < _tol(dtype), f"igemm-tc {dtype} {name}: relative error {err:.3g}"

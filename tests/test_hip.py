@@ -15,6 +15,7 @@ import tempfile
 import pytest
 import torch
 from conftest import require_backend
+from emu import EmuTensors
 from gpu_refs import assert_close as _assert_close
 from gpu_refs import make
 from gpu_refs import reference as _reference
@@ -22,7 +23,7 @@ from gpu_refs import reference as _reference
 import portconv
 from portconv import backends
 from portconv.backends import BackendId, Problem, cuda, hip
-from portconv.backends._cupy import Tensors, inline_source
+from portconv.backends._cupy import inline_source
 from portconv.device import DeviceInfo
 from portconv.errors import Unsupported
 from portconv.params import ConvParams
@@ -114,7 +115,7 @@ def test_build_check_covers_every_define_the_runtime_uses():
 
     class _Stub(hip.HipBackend):
         def tensors(self, like):
-            return _EmuTensors()
+            return EmuTensors(wave=64)
 
     for dtype in ("float32", "float64", "float16", "bfloat16"):
         pr = _problem((2, 8, 9, 9), (8, 8, 3, 3), dtype, padding=1)
@@ -157,32 +158,13 @@ class _EmuKernels:
         return lib, ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
 
 
-class _EmuTensors:
-    device = 0
-    ptr = staticmethod(Tensors.ptr)
-
-    def empty(self, shape, strides, dtype, poison=False):
-        t = torch.empty_strided(tuple(shape), tuple(strides), dtype=getattr(torch, dtype))
-        return t.fill_(float("nan")) if poison else t
-
-    def workspace(self, count, double):
-        return torch.full((count,), float("nan"), dtype=torch.float64 if double else torch.float32)
-
-    def launch(self, fn, grid, block, args):
-        assert block % 64 == 0, "wave64 needs blocks of whole waves"
-        lib, ptr = fn
-        rc = lib.pc_emu_launch(ctypes.c_void_p(ptr), *[ctypes.c_uint(g) for g in grid], ctypes.c_uint(block),
-                               ctypes.c_void_p(args.ctypes.data))
-        assert rc == 0, "the emulated kernel deadlocked at a barrier"
-
-
 class _Wave64Backend(hip.HipBackend):
     def __init__(self, tmp):
         super().__init__(wave=64)
         self._kernels = _EmuKernels(tmp, 64)
 
     def tensors(self, like):
-        return _EmuTensors()
+        return EmuTensors(wave=64)
 
 
 @pytest.fixture(scope="module")

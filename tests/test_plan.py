@@ -52,8 +52,14 @@ def test_large_3x3_depthwise_goes_to_portconvs_kernels(dtype):
     assert prefer[1][0] == BackendId.ATEN  # PyTorch's own kernel stays the fallback
 
 
+def test_large_stride2_3x3_depthwise_goes_to_portconvs_kernels():  # mbv2-dw3x3-s2: notes-depthwise-v3.md
+    bid, why, _, _ = _first(_problem((32, 144, 56, 56), (144, 1, 3, 3), stride=2, padding=1, groups=144))
+    assert bid == BackendId.CUDA and "OWN_KERNEL_WINS" in why and "CudaDepthwise2d" in why
+    s2_3d = _problem((2, 48, 8, 56, 56), (48, 1, 3, 3, 3), stride=2, padding=1, groups=48)
+    assert _first(s2_3d)[0] == BackendId.ATEN  # stride 2 is measured in 2-D only
+
+
 @pytest.mark.parametrize("case", [
-    dict(ishape=(32, 144, 56, 56), wshape=(144, 1, 3, 3), stride=2, padding=1, groups=144),  # mbv2-dw3x3-s2
     dict(ishape=(32, 960, 7, 7), wshape=(960, 1, 3, 3), padding=1, groups=960),  # mbv2-dw3x3-last: small
     dict(ishape=(1, 32, 112, 112), wshape=(32, 1, 3, 3), padding=1, groups=32),  # mbv2-dw3x3-b1: small
     dict(ishape=(32, 144, 56, 56), wshape=(144, 1, 5, 5), padding=2, groups=144),  # 5x5: no row

@@ -9,7 +9,9 @@ fields holds which role (matched by object identity, never by address), and ever
 (kernel, grid, block, argument block). Later calls replay it: allocate the outputs and workspaces again, copy each
 argument block, patch its pointer fields with this call's addresses, and launch on the caller's current stream.
 A call the Recording cannot describe (an argument that is neither an input nor an allocation of the call) is
-never replayed: that plan keeps the ordinary path. On CUDA the launch goes straight to the driver
+never replayed: that plan keeps the ordinary path. Kernel-variant knobs (PORTCONV_CUDA_DEPTHWISE, ..._TILE,
+PORTCONV_CUDA_IGEMM_TC_TILE) are therefore read when a plan's direction is first recorded: a new plan sees a change.
+On CUDA the launch goes straight to the driver
 (cuLaunchKernel through ctypes, about 2 us instead of CuPy's 7 us measured on an H100; the argument block is the
 kernel's only parameter and the driver copies it at launch); CuPy for ROCm launches through CuPy.
 """

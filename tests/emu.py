@@ -1,0 +1,47 @@
+"""The CPU emulator's tensors stand-in, shared by the cuda and hip emulator tests (tests/cuda_emu)."""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from portconv.backends._cupy import Tensors
+
+
+class EmuTensors:
+    """Tensors stand-in: torch CPU tensors, launches run by the emulator (recorded and replayed like the GPU's,
+    Note [replayed launches])."""
+
+    device = 0
+    ptr = staticmethod(Tensors.ptr)
+    replayable = True
+
+    def __init__(self, wave: int = 1):
+        self.rec, self.wave = None, wave
+
+    def empty(self, shape, strides, dtype, poison=False):
+        t = torch.empty_strided(tuple(shape), tuple(strides), dtype=getattr(torch, dtype))
+        t = t.fill_(float("nan")) if poison else t
+        return t if self.rec is None else self.rec.allocated(t, "empty", (shape, strides, dtype))
+
+    def workspace(self, count, double):
+        t = torch.full((count,), float("nan"), dtype=torch.float64 if double else torch.float32)
+        return t if self.rec is None else self.rec.allocated(t, "workspace", (count, double))
+
+    def launch(self, fn, grid, block, args):
+        self._run(fn, grid, block, args.ctypes.data)
+        if self.rec is not None:
+            self.rec.launched(fn, grid, block, args)
+
+    def raw_stream(self):
+        return 0
+
+    def launch_block(self, fn, grid, block, block_args, stream):
+        self._run(fn, grid, block, ctypes.addressof(block_args))
+
+    def _run(self, fn, grid, block, address):
+        assert block % self.wave == 0, f"wave{self.wave} needs blocks of whole waves"
+        lib, ptr = fn
+        rc = lib.pc_emu_launch(ctypes.c_void_p(ptr), *[ctypes.c_uint(g) for g in grid], ctypes.c_uint(block),
+                               ctypes.c_void_p(address))
+        assert rc == 0, "the emulated kernel deadlocked at a barrier"
