@@ -35,7 +35,8 @@ def per_call(fn, n=N):
 print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
 print(f"F.conv2d                 {per_call(lambda: F.conv2d(x, w, None, 1, 1)):7.1f} us")
 bw = torch.ops.aten.convolution_backward.default
-print(f"aten bwd (1,1,0)         {per_call(lambda: bw(go, x, w, [4], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False])):7.1f} us")
+t = per_call(lambda: bw(go, x, w, [4], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False]))
+print(f"aten bwd (1,1,0)         {t:7.1f} us")
 plans = {}
 for b in ("aten", "cudnn", "cuda", "hip", None):
     try:
@@ -44,9 +45,9 @@ for b in ("aten", "cudnn", "cuda", "hip", None):
         print(b, "unavailable", e)
         continue
     plans[b or "auto"] = p
-    f = per_call(lambda: p.forward(x, w, None))
-    g = per_call(lambda: p.backward(go, x, w, (True, True, False)))
-    c = per_call(lambda: portconv.conv2d(x, w, None, 1, 1, backend=b))
+    f = per_call(lambda p=p: p.forward(x, w, None))
+    g = per_call(lambda p=p: p.backward(go, x, w, (True, True, False)))
+    c = per_call(lambda b=b: portconv.conv2d(x, w, None, 1, 1, backend=b))
     print(f"{(b or 'auto') + '->' + str(p.backend):10s} plan.forward {f:7.1f} us  plan.backward(1,1,0) {g:7.1f} us  "
           f"conv2d {c:7.1f} us")
 
@@ -54,8 +55,8 @@ for name in ("cuda", "cudnn", "auto"):
     p = plans.get(name)
     if p is None:
         continue
-    for what, fn in (("forward", lambda: p.forward(x, w, None)),
-                     ("backward", lambda: p.backward(go, x, w, (True, True, False)))):
+    for what, fn in (("forward", lambda p=p: p.forward(x, w, None)),
+                     ("backward", lambda p=p: p.backward(go, x, w, (True, True, False)))):
         pr = cProfile.Profile()
         pr.enable()
         for _ in range(2000):
@@ -110,6 +111,7 @@ mod = cupy.RawModule(code=src)
 kf = mod.get_function("k")
 arg = _tc()
 s = cupy.cuda.ExternalStream(torch.cuda.current_stream(0).cuda_stream, 0)
-print(f"{'cupy launch (1 struct arg)':45s} {per_call(lambda: kf((1, 1, 1), (32, 1, 1), (arg,), stream=s), 20000):7.2f} us")
-print(f"{'cupy launch (1 struct arg) in Device ctx':45s} "
-      f"{per_call(lambda: (cupy.cuda.Device(0).__enter__(), kf((1, 1, 1), (32, 1, 1), (arg,), stream=s)), 20000):7.2f} us")
+t = per_call(lambda: kf((1, 1, 1), (32, 1, 1), (arg,), stream=s), 20000)
+print(f"{'cupy launch (1 struct arg)':45s} {t:7.2f} us")
+t = per_call(lambda: (cupy.cuda.Device(0).__enter__(), kf((1, 1, 1), (32, 1, 1), (arg,), stream=s)), 20000)
+print(f"{'cupy launch (1 struct arg) in Device ctx':45s} {t:7.2f} us")
