@@ -1,94 +1,23 @@
 /* portconv kernel bodies: depthwise convolution (groups == C, K = m*C), all three directions (vendor-neutral).
  *
- * The channel multiplier m = K/C; output channel k reads input channel k/m. Forward and backward-data drop the
- * channel loop of the direct kernels; backward-weight keeps PC_DW_TAPS taps of one output channel in registers
- * so every dY element is read once per tap chunk instead of once per tap.
+ * The channel multiplier m = K/C; output channel k reads input channel k/m. Forward and backward-data per element
+ * run the direct bodies; backward-weight keeps PC_DW_TAPS taps of one output channel in registers so every dY
+ * element is read once per tap chunk instead of once per tap.
  */
 #pragma once
+
+#define PC_DIRECT_BODIES_ONLY
+#include "conv_direct.cuh"
+#undef PC_DIRECT_BODIES_ONLY
 
 #ifndef PC_DW_TAPS
 #define PC_DW_TAPS 9
 #endif
 
-PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_fwd(const pc_conv_args a) {
-    const pc_t *PC_RESTRICT x = (const pc_t *)a.x;
-    const pc_t *PC_RESTRICT w = (const pc_t *)a.w;
-    const pc_t *PC_RESTRICT b = (const pc_t *)a.b;
-    pc_t *PC_RESTRICT y = (pc_t *)a.y;
-    const pc_idx K = (pc_idx)a.K, m = (pc_idx)(a.K / a.C);
-    const pc_idx Y0 = (pc_idx)a.Y[0], Y1 = (pc_idx)a.Y[1], Y2 = (pc_idx)a.Y[2];
-    const pc_idx X0 = (pc_idx)a.X[0], X1 = (pc_idx)a.X[1], X2 = (pc_idx)a.X[2];
-    const pc_idx R0 = (pc_idx)a.R[0], R1 = (pc_idx)a.R[1], R2 = (pc_idx)a.R[2];
-    const pc_idx total = (pc_idx)a.N * K * Y0 * Y1 * Y2;
-    const bool cl = (a.flags & PC_FLAG_CL) != 0;
-    for (pc_idx e = pc_global_id(); e < total; e += pc_grid_stride()) {
-        pc_idx n, k, o0, o1, o2;
-        pc_unflatten5(e, K, Y0, Y1, Y2, cl, n, k, o0, o1, o2);
-        const pc_idx xb = n * (pc_idx)a.xs[0] + (k / m) * (pc_idx)a.xs[1];
-        const pc_idx wb = k * (pc_idx)a.ws_[0];
-        const pc_idx b0 = o0 * (pc_idx)a.S[0] - (pc_idx)a.P[0], b1 = o1 * (pc_idx)a.S[1] - (pc_idx)a.P[1];
-        const pc_idx b2 = o2 * (pc_idx)a.S[2] - (pc_idx)a.P[2];
-        pc_acc_t acc = 0;
-        for (pc_idx r0 = 0; r0 < R0; ++r0) {
-            const pc_idx i0 = b0 + r0 * (pc_idx)a.DL[0];
-            if (i0 < 0 || i0 >= X0) continue;
-            for (pc_idx r1 = 0; r1 < R1; ++r1) {
-                const pc_idx i1 = b1 + r1 * (pc_idx)a.DL[1];
-                if (i1 < 0 || i1 >= X1) continue;
-                const pc_idx xr = xb + i0 * (pc_idx)a.xs[2] + i1 * (pc_idx)a.xs[3];
-                const pc_idx wr = wb + r0 * (pc_idx)a.ws_[2] + r1 * (pc_idx)a.ws_[3];
-                for (pc_idx r2 = 0; r2 < R2; ++r2) {
-                    const pc_idx i2 = b2 + r2 * (pc_idx)a.DL[2];
-                    if (i2 < 0 || i2 >= X2) continue;
-                    acc += pc_ld(x, xr + i2 * (pc_idx)a.xs[4]) * pc_ld(w, wr + r2 * (pc_idx)a.ws_[4]);
-                }
-            }
-        }
-        if (b) acc += pc_ld(b, k * (pc_idx)a.bs);
-        pc_st(y, n * (pc_idx)a.ys[0] + k * (pc_idx)a.ys[1] + o0 * (pc_idx)a.ys[2] + o1 * (pc_idx)a.ys[3] +
-                     o2 * (pc_idx)a.ys[4],
-              acc);
-    }
-}
-
-/* dX[n, c, i] = sum over j < m and taps r of dY[n, c*m + j, o] * W[c*m + j, 0, r] where o*S - P + r*DL == i. */
-PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_data(const pc_conv_args a) {
-    pc_t *PC_RESTRICT dx = (pc_t *)a.x;
-    const pc_t *PC_RESTRICT w = (const pc_t *)a.w;
-    const pc_t *PC_RESTRICT b = (const pc_t *)a.b;
-    const pc_t *PC_RESTRICT dy = (const pc_t *)a.y;
-    const pc_idx C = (pc_idx)a.C, m = (pc_idx)(a.K / a.C);
-    const pc_idx Y0 = (pc_idx)a.Y[0], Y1 = (pc_idx)a.Y[1], Y2 = (pc_idx)a.Y[2];
-    const pc_idx X0 = (pc_idx)a.X[0], X1 = (pc_idx)a.X[1], X2 = (pc_idx)a.X[2];
-    const pc_idx R0 = (pc_idx)a.R[0], R1 = (pc_idx)a.R[1], R2 = (pc_idx)a.R[2];
-    const pc_idx total = (pc_idx)a.N * C * X0 * X1 * X2;
-    const bool cl = (a.flags & PC_FLAG_CL) != 0;
-    for (pc_idx e = pc_global_id(); e < total; e += pc_grid_stride()) {
-        pc_idx n, c, i0, i1, i2;
-        pc_unflatten5(e, C, X0, X1, X2, cl, n, c, i0, i1, i2);
-        const pc_idx yb = n * (pc_idx)a.ys[0] + c * m * (pc_idx)a.ys[1];
-        const pc_idx wb = c * m * (pc_idx)a.ws_[0];
-        pc_acc_t acc = 0;
-        for (pc_idx r0 = 0; r0 < R0; ++r0) {
-            pc_idx o0, o1, o2;
-            if (!pc_out_of(i0, r0, (pc_idx)a.S[0], (pc_idx)a.P[0], (pc_idx)a.DL[0], Y0, o0)) continue;
-            for (pc_idx r1 = 0; r1 < R1; ++r1) {
-                if (!pc_out_of(i1, r1, (pc_idx)a.S[1], (pc_idx)a.P[1], (pc_idx)a.DL[1], Y1, o1)) continue;
-                for (pc_idx r2 = 0; r2 < R2; ++r2) {
-                    if (!pc_out_of(i2, r2, (pc_idx)a.S[2], (pc_idx)a.P[2], (pc_idx)a.DL[2], Y2, o2)) continue;
-                    const pc_idx yp = yb + o0 * (pc_idx)a.ys[2] + o1 * (pc_idx)a.ys[3] + o2 * (pc_idx)a.ys[4];
-                    const pc_idx wp = wb + r0 * (pc_idx)a.ws_[2] + r1 * (pc_idx)a.ws_[3] + r2 * (pc_idx)a.ws_[4];
-                    for (pc_idx j = 0; j < m; ++j)
-                        acc += pc_ld(dy, yp + j * (pc_idx)a.ys[1]) * pc_ld(w, wp + j * (pc_idx)a.ws_[0]);
-                }
-            }
-        }
-        if (b) acc += pc_ld(b, c * (pc_idx)a.bs);
-        pc_st(dx, n * (pc_idx)a.xs[0] + c * (pc_idx)a.xs[1] + i0 * (pc_idx)a.xs[2] + i1 * (pc_idx)a.xs[3] +
-                      i2 * (pc_idx)a.xs[4],
-              acc);
-    }
-}
+/* Forward and backward-data per element are the direct kernels' bodies: with groups == C their channel loops are
+ * one long (forward) and m long (backward-data), exactly the loops a separate depthwise body would run. */
+PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_fwd(const pc_conv_args a) { pc_direct_fwd(a); }
+PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_data(const pc_conv_args a) { pc_direct_bwd_data(a); }
 
 /* dW[k, 0, r] = sum over (n, o) of dY[n, k, o] * X[n, k/m, o*S - P + r*DL]. Grid (K * ceil(taps/PC_DW_TAPS),
  * splits): a block owns PC_DW_TAPS taps of one channel and one split of the N*Y0*Y1*Y2 positions. */

@@ -167,6 +167,13 @@ class ConvParams:
         return (not self.transposed and len(input_shape) >= 3 and input_shape[1] == self.groups
                 and self.groups > 1 and weight_shape[0] % input_shape[1] == 0)
 
+    def as_2d(self, with_extra: bool = True) -> ConvParams:
+        """ATen's view1d_as_2d for a 1-d problem: a leading spatial dim of size-1 kernel, stride 1, no padding.
+        ``with_extra=False`` drops padding='same''s extra padding (for callers that already padded the input)."""
+        extra = (0,) + self.padding_extra if with_extra else (0,) * (self.rank + 1)
+        return ConvParams((1,) + self.stride, (0,) + self.padding, (1,) + self.dilation, self.transposed,
+                          (0,) + self.output_padding, self.groups, extra)
+
     def as_aten(self) -> dict:
         """Keyword arguments for ``torch.ops.aten.convolution`` (padding_extra must be zero)."""
         return dict(stride=list(self.stride), padding=list(self.padding), dilation=list(self.dilation),

@@ -258,6 +258,28 @@ def test_bodies_on_cpu_match_pytorch(emu_backend, case, monkeypatch):
         assert masked[0] is None and masked[2] is None and masked[1] is not None
 
 
+@pytest.mark.parametrize("case", [c for c in EMU_CASES if c.groups == c.c and not c.transposed],
+                         ids=lambda c: f"r{c.rank}m{c.k // c.c}s{c.stride}{c.layout}")
+def test_depthwise_per_element_kernels_on_cpu(emu_backend, case, monkeypatch):
+    """PORTCONV_CUDA_DEPTHWISE=v1: portconv_depthwise_fwd/_bwd_data (the direct bodies) and the per-element
+    weight gradient, in float64 against aten."""
+    monkeypatch.setenv("PORTCONV_POISON", "1")
+    monkeypatch.setenv(cuda.DW_ENV, "v1")
+    x, w, b = _data(case, torch.float64)
+    params = ConvParams.make(case.rank, case.stride, case.padding, case.dilation, case.transposed,
+                             case.output_padding, case.groups, weight_shape=tuple(w.shape))
+    problem = Problem(params, spec_of(x), spec_of(w), True)
+    choice = emu_backend.choose(problem, _DEVICE)
+    plan = Plan(problem, BackendId.CUDA, "depthwise", choice.memory_format, choice.reason, _DEVICE)
+    go = torch.randn(problem.output_shape, dtype=torch.float64)
+    ref = reference(x, w, b, params, go, (True, True, True))
+    got = (emu_backend.forward(plan, x, w, b), *emu_backend.backward(plan, go, x, w, (True, True, True)))
+    for name, g_, r_ in zip(("output", "grad_input", "grad_weight", "grad_bias"), got, ref):
+        assert not torch.isnan(g_).any(), f"{name}: unwritten (NaN) elements"
+        err = ((g_ - r_).norm() / r_.norm().clamp_min(1e-30)).item()
+        assert err < _tol(torch.float64), f"{name}: relative error {err:.3g}"
+
+
 # --- depthwise v3 (Note [depthwise tile] of cuda/conv_depthwise_tile.cuh, stride-2 backward-data window) ------
 
 DW3_CASES = [

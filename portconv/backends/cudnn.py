@@ -5,7 +5,6 @@ import dataclasses
 
 from ..device import Availability, DeviceInfo
 from ..errors import Unsupported
-from ..params import ConvParams
 from ..tensors import TensorSpec, dense_strides
 from . import Backend, BackendId, Choice, Problem
 
@@ -76,8 +75,7 @@ def gradient_route(problem: Problem, ctx) -> _Route:
         x, w = problem.input, problem.weight
         if p.rank == 1:
             x, w = _as_2d(x), _as_2d(w)
-            p = ConvParams((1,) + p.stride, (0,) + p.padding, (1,) + p.dilation, p.transposed,
-                           (0,) + p.output_padding, p.groups, (0,) + p.padding_extra)
+            p = p.as_2d()
         got_cl = select_conv_backend(_channels_last(x), _channels_last(w), None, p, ctx, bias, need_backward=True)
         if got_cl in _CUDNN_BACKENDS:
             return _Route("channels_last", f"ATen would route these depthwise gradients to {got}, so they run on "
@@ -182,8 +180,7 @@ class CudnnBackend(Backend):
         out = [x, *rest]
         if one_d:  # ATen's view1d_as_2d
             out = [None if t is None else t.contiguous().unsqueeze(2) for t in out]
-            p = ConvParams((1,) + p.stride, (0,) + p.padding, (1,) + p.dilation, p.transposed,
-                           (0,) + p.output_padding, p.groups)
+            p = p.as_2d(with_extra=False)
         return out, p
 
     def forward(self, plan, input, weight, bias):
@@ -257,8 +254,7 @@ class _CallArgs:
         p = plan.problem.params
         one_d = p.rank == 1
         if one_d:
-            p = ConvParams((1,) + p.stride, (0,) + p.padding, (1,) + p.dilation, p.transposed,
-                           (0,) + p.output_padding, p.groups)
+            p = p.as_2d(with_extra=False)
         return cls(one_d, one_d or any(plan.problem.params.padding_extra), p.transposed, list(p.padding),
                    list(p.output_padding), list(p.stride), list(p.dilation), p.groups, plan.math == "tf32",
                    (1, -1) + (1,) * p.rank, {})

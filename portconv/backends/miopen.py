@@ -6,7 +6,6 @@ import os
 
 from ..device import Availability, DeviceInfo
 from ..errors import Unsupported
-from ..params import ConvParams
 from . import Backend, BackendId, Choice, Problem
 
 MIOPEN_DTYPES = ("float32", "float16", "bfloat16")
@@ -154,8 +153,7 @@ class MiopenBackend(Backend):
         one_d = p.rank == 1
         if one_d:  # ATen's view1d_as_2d: contiguous input, both viewed as 2-d at dim 2
             x, w = x.contiguous().unsqueeze(2), w.unsqueeze(2)
-            p = ConvParams((1,) + p.stride, (0,) + p.padding, (1,) + p.dilation, p.transposed,
-                           (0,) + p.output_padding, p.groups)
+            p = p.as_2d(with_extra=False)
         fmt = _torch_format(torch, plan.memory_format)
         x, w = x.contiguous(memory_format=fmt), w.contiguous(memory_format=fmt)
         bench = bool(torch.backends.cudnn.benchmark)
