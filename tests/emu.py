@@ -2,10 +2,39 @@
 from __future__ import annotations
 
 import ctypes
+import pathlib
+import subprocess
 
 import torch
 
-from portconv.backends._cupy import Tensors
+from portconv.backends._cupy import Tensors, inline_source
+
+EMU_DIR = pathlib.Path(__file__).resolve().parent / "cuda_emu"
+CUDA_DIR = pathlib.Path(__file__).resolve().parents[1] / "cuda"
+
+
+class EmuKernels:
+    """KernelSet stand-in: the cuda bodies built once per (entry, defines) with g++ against the CPU emulator
+    prelude; ``warp`` forces PC_WARP_SIZE (the hip tests' wave64)."""
+
+    def __init__(self, tmp: pathlib.Path, warp: int | None = None):
+        self.tmp, self.warp, self.libs = tmp, warp, {}
+
+    def function(self, entry, defines, device, name):
+        key = (entry, tuple(sorted(defines.items())))
+        if key not in self.libs:
+            src = inline_source(entry, [EMU_DIR, CUDA_DIR]) + "\n" + inline_source("launch.cuh", [EMU_DIR])
+            stem = f"{pathlib.Path(entry).stem}-{'-'.join(f'{k}{v}' for k, v in key[1])}-w{self.warp}"
+            (self.tmp / f"{stem}.cpp").write_text(src)
+            so = self.tmp / f"{stem}.so"
+            warp = [] if self.warp is None else [f"-DPC_WARP_SIZE={self.warp}"]
+            cmd = ["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-w", *warp,
+                   *(f"-D{k}={v}" for k, v in defines.items()), str(self.tmp / f"{stem}.cpp"), "-o", str(so)]
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            assert r.returncode == 0, r.stderr[-4000:]
+            self.libs[key] = ctypes.CDLL(str(so))
+        lib = self.libs[key]
+        return lib, ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
 
 
 class EmuTensors:

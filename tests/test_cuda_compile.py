@@ -3,7 +3,6 @@ under a CPU prelude (tests/cuda_emu) through the cuda backend's own host code, c
 from __future__ import annotations
 
 import concurrent.futures
-import ctypes
 import dataclasses
 import os
 import pathlib
@@ -15,7 +14,7 @@ import zlib
 
 import pytest
 import torch
-from emu import EmuTensors
+from emu import EmuKernels, EmuTensors
 from gpu_refs import reference
 
 from portconv.backends import BackendId, Problem, cuda
@@ -119,32 +118,10 @@ def test_every_launched_kernel_exists():
 
 # --- the bodies on the CPU -------------------------------------------------------------------------------------
 
-class _EmuKernels:
-    """KernelSet stand-in: each (entry, defines) built once with g++ against the CPU prelude."""
-
-    def __init__(self, tmp: pathlib.Path):
-        self.tmp, self.libs = tmp, {}
-
-    def function(self, entry, defines, device, name):
-        key = (entry, tuple(sorted(defines.items())))
-        if key not in self.libs:
-            src = inline_source(entry, [EMU_DIR, CUDA_DIR]) + "\n" + inline_source("launch.cuh", [EMU_DIR])
-            stem = f"{entry}-{'-'.join(f'{k}{v}' for k, v in key[1])}"
-            (self.tmp / f"{stem}.cpp").write_text(src)
-            so = self.tmp / f"{stem}.so"
-            cmd = ["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-w",
-                   *(f"-D{k}={v}" for k, v in defines.items()), str(self.tmp / f"{stem}.cpp"), "-o", str(so)]
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            assert r.returncode == 0, r.stderr[-4000:]
-            self.libs[key] = ctypes.CDLL(str(so))
-        lib = self.libs[key]
-        return lib, ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
-
-
 class _EmuBackend(cuda.CudaBackend):
     def __init__(self, tmp):
         super().__init__()
-        self._kernels = _EmuKernels(tmp)
+        self._kernels = EmuKernels(tmp)
 
     def tensors(self, like):
         return EmuTensors()

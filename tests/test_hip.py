@@ -5,17 +5,15 @@ The GPU tests run when pytest is given --backend hip (tox -e hip) and then FAIL 
 """
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import pathlib
 import shutil
-import subprocess
 import tempfile
 
 import pytest
 import torch
 from conftest import require_backend
-from emu import EmuTensors
+from emu import EmuKernels, EmuTensors
 from gpu_refs import assert_close as _assert_close
 from gpu_refs import make
 from gpu_refs import reference as _reference
@@ -23,7 +21,6 @@ from gpu_refs import reference as _reference
 import portconv
 from portconv import backends
 from portconv.backends import BackendId, Problem, cuda, hip
-from portconv.backends._cupy import inline_source
 from portconv.device import DeviceInfo
 from portconv.errors import Unsupported
 from portconv.params import ConvParams
@@ -135,33 +132,10 @@ def test_probe_names_the_pip_extras_without_cupy():
 
 
 # --- wave64 on the CPU: the shared bodies under tests/cuda_emu with 64-lane warps ------------------------------------
-class _EmuKernels:
-    """The cuda bodies built with g++ against the CPU emulator prelude, with PC_WARP_SIZE forced."""
-
-    def __init__(self, tmp: pathlib.Path, warp: int):
-        self.tmp, self.warp, self.libs = tmp, warp, {}
-
-    def function(self, entry, defines, device, name):
-        key = (entry, tuple(sorted(defines.items())))
-        if key not in self.libs:
-            emu = TESTS / "cuda_emu"
-            src = inline_source(entry, [emu, ROOT / "cuda"]) + "\n" + inline_source("launch.cuh", [emu])
-            stem = f"{pathlib.Path(entry).stem}-{'-'.join(f'{k}{v}' for k, v in key[1])}-w{self.warp}"
-            (self.tmp / f"{stem}.cpp").write_text(src)
-            so = self.tmp / f"{stem}.so"
-            cmd = ["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-w", f"-DPC_WARP_SIZE={self.warp}",
-                   *(f"-D{k}={v}" for k, v in defines.items()), str(self.tmp / f"{stem}.cpp"), "-o", str(so)]
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            assert r.returncode == 0, r.stderr[-4000:]
-            self.libs[key] = ctypes.CDLL(str(so))
-        lib = self.libs[key]
-        return lib, ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
-
-
 class _Wave64Backend(hip.HipBackend):
     def __init__(self, tmp):
         super().__init__(wave=64)
-        self._kernels = _EmuKernels(tmp, 64)
+        self._kernels = EmuKernels(tmp, 64)
 
     def tensors(self, like):
         return EmuTensors(wave=64)
