@@ -1,40 +1,53 @@
-/* portconv kernel bodies: depthwise "tile" kernels (v3), a PC_DWT_TH x PC_DWT_VW output tile per thread,
+/* portconv kernel bodies: depthwise "tile" kernels (v3), a TH x VW output tile of VC channels per thread,
  * vectorised over channels in channels-last layouts.
  *
  * Note [depthwise tile]: for 3 x 3 in-plane filters (axes 1 and 2 of the view: 3 taps, dilation 1, the same
- * stride S = 1 or 2 on both, channel multiplier 1) one thread owns PC_DWT_TH output rows (axis 1) by PC_DWT_VW
- * outputs (axis 2) of PC_DWT_VC channels. It walks its rows with a rolling register window of 3 input rows
- * ((PC_DWT_VW - 1) * S + 3 values each), so an input row is loaded once per tile instead of three times (the
- * 'rows' kernels of conv_depthwise_rows.cuh load 3 rows per output row). Axis 0 (depth of 3-D problems) is a
- * runtime tap loop with any stride, padding and dilation.
+ * stride S = 1 or 2 on both, channel multiplier 1) one thread owns TH output rows (axis 1) by VW outputs (axis 2)
+ * of VC channels. Its source rows ((VW - 1) * S + 3 values each) are loaded once per tile instead of three times
+ * per output row (the 'rows' kernels of conv_depthwise_rows.cuh): all TH + 2 up front (2-D NCHW, stride 1) or
+ * through a rolling 3-row register window (channels-last: PC_DWT_THC = 16 rows per thread; 3-D). Axis 0 (depth
+ * of 3-D problems) is a runtime tap loop with any stride, padding and dilation.
  *
  * Channels-last (PC_FLAG_CL) orders the work channel innermost: consecutive threads take consecutive groups of
- * PC_DWT_VC channels (2 for the 16-bit types in one 32-bit access, 2 float32 in one 64-bit access, 1 float64)
- * through pc_ld_vec / pc_st_vec of the prelude, where the channel stride is 1, C and every other stride are
- * multiples of PC_DWT_VC and the base addresses are aligned; otherwise (and for NCHW, where the work is ordered
- * spatial innermost) the same body runs with one channel per thread and scalar accesses. The decision is made
- * in the kernel from its argument block, so it is uniform over the launch and needs nothing from the host.
+ * PC_DWT_VC channels (4 of the 16-bit types or 2 float32 in one 64-bit access, 1 float64) through pc_ld_vec /
+ * pc_st_vec of the prelude, where the channel stride is 1, C and every other stride are multiples of VC and the
+ * base addresses are aligned; otherwise (and for NCHW, where the work is ordered spatial innermost) the same body
+ * runs with one channel per thread and scalar accesses. The decision is made in the kernel from its argument
+ * block, so it is uniform over the launch and needs nothing from the host.
  *
  * Backward-data with stride 1 is the same correlation over dY with the flipped filter (padding 2 - P).
  * The weight gradient (channels-last only) gives each block a tile of 8 or 16 channel groups (threads over
  * channels) and 32 or 16 position groups that reduce one split of the (n, depth, row tile, strip) units into R0 x 9
- * per-channel partials in registers; the position groups are summed in shared memory in a fixed order, and
- * splits go through portconv_split_finalize: deterministic, no atomics.
+ * per-channel partials in registers (a unit is 8 rows x 2 columns walked with a rolling window for VC = 4, else
+ * 2 x 4 loaded up front); the position groups are summed in shared memory in a fixed order, spread over the
+ * block, and splits go through portconv_split_finalize: deterministic, no atomics.
  */
 #pragma once
 
+/* Tile shapes (measured on an H100: docs/performance/notes-depthwise-v3.md; cuda.py's dw_tile mirrors them). */
 #ifndef PC_DWT_TH
-#define PC_DWT_TH 4 /* output rows per thread, walked with a rolling 3-row register window */
+#define PC_DWT_TH 4 /* output rows per thread: NCHW ('tilen') and 3-D channels-last */
 #endif
-#ifndef PC_DWT_THW
-#define PC_DWT_THW 2 /* output rows per thread of the weight gradient (all of its rows are loaded up front) */
+#ifndef PC_DWT_THC
+#define PC_DWT_THC 16 /* output rows per thread of the 2-D channels-last kernels (rolling window) */
 #endif
 #ifndef PC_DWT_VW
-#define PC_DWT_VW 4 /* outputs per thread along the last spatial axis (channels-last, 3-D) */
+#define PC_DWT_VW 4 /* outputs per thread along the last spatial axis: 3-D NCHW */
 #endif
 #ifndef PC_DWT_VWN
 #define PC_DWT_VWN 2 /* the same for 2-D NCHW ('tilen' kernels): 4 x 2 tiles measured fastest there */
 #endif
+#ifndef PC_DWT_VWC
+#define PC_DWT_VWC 2 /* the same for channels-last (2-D and 3-D) */
+#endif
+#ifndef PC_DWT_PF
+#define PC_DWT_PF 1 /* 2-D NCHW stride 1: all PC_DWT_TH + 2 source rows of a tile loaded up front */
+#endif
+/* Weight gradient (channels-last): rows x columns per unit and whether its X rows roll, per channels per thread:
+ * 4 channels (16-bit types): 8 x 2 rolling; fewer: 2 x 4 with every row loaded up front. */
+#define PC_DWT_THW(VC) ((VC) >= 4 ? 8 : 2)
+#define PC_DWT_VWW(VC) ((VC) >= 4 ? 2 : 4)
+#define PC_DWT_THREADS 256 /* block size of the weight gradient (cuda.py THREADS) */
 
 /* An aligned group of N elements: one vector access through the prelude's pc_ld_vec / pc_st_vec. */
 template <typename T, int N>
@@ -42,8 +55,10 @@ struct alignas(sizeof(T) * N) pc_vec {
     T v[N];
 };
 
-/* Channels per thread on the vector path: a 32-bit access of two 16-bit values, 64-bit of two float32. */
-#define PC_DWT_VC (sizeof(pc_t) == 8 ? 1 : 2)
+/* Channels per thread on the vector path: 64-bit accesses of four 16-bit values or two float32; float64 scalar. */
+#ifndef PC_DWT_VC
+#define PC_DWT_VC (sizeof(pc_t) == 8 ? 1 : sizeof(pc_t) == 4 ? 2 : 4)
+#endif
 
 /* The vector path applies: unit channel stride, every other stride and C multiples of VC, aligned bases. */
 template <int VC>
@@ -98,9 +113,9 @@ PC_DEVICE void pc_dwt_store(pc_t *PC_RESTRICT dst, pc_idx o, pc_idx ds4, pc_idx 
 /* Forward (BWD false: X -> Y, stride S) or stride-1 backward-data (BWD true: dY -> dX, flipped filter).
  * ONE0: the view has one tap on axis 0 (2-D and 1-D problems): each tile row is stored as soon as it is done,
  * so only one row of accumulators is live; else every tile row accumulates over the axis-0 taps first. */
-template <int S, bool BWD, int VC, bool ONE0, int VW>
+template <int S, bool BWD, int VC, bool ONE0, int VW, int TH, bool PF>
 PC_DEVICE void pc_dwt_conv(const pc_conv_args &a) {
-    constexpr int TH = PC_DWT_TH, WIN = (VW - 1) * S + 3, TA = ONE0 ? 1 : TH;
+    constexpr int WIN = (VW - 1) * S + 3, TA = ONE0 ? 1 : TH;
     const pc_t *PC_RESTRICT src = (const pc_t *)(BWD ? a.y : a.x);
     pc_t *PC_RESTRICT dst = (pc_t *)(BWD ? a.x : a.y);
     const pc_t *PC_RESTRICT w = (const pc_t *)a.w;
@@ -159,7 +174,6 @@ PC_DEVICE void pc_dwt_conv(const pc_conv_args &a) {
             const pc_idx rb = n * ss0 + c * ss1 + i0 * ss2;
             /* PF: all TH + 2 source rows are loaded up front (every load of the tile in flight at once); else a
              * rolling window: before tile row t, row[0 .. 2-S] hold source rows b1 + S*t + 0 .. 2-S */
-            constexpr bool PF = ONE0 && S == 1;
             constexpr int NR = PF ? TH + 2 : 3;
             pc_acc_t row[NR][WIN][VC];
 #pragma unroll
@@ -215,22 +229,26 @@ PC_DEVICE void pc_dwt_conv(const pc_conv_args &a) {
 template <int S, bool BWD, bool ONE0, bool CLV>
 PC_DEVICE void pc_dwt_conv_any(const pc_conv_args &a) {
     constexpr int VC = PC_DWT_VC;
-    constexpr int VW = CLV || !ONE0 ? PC_DWT_VW : PC_DWT_VWN;
+    constexpr int VW = CLV ? PC_DWT_VWC : ONE0 ? PC_DWT_VWN : PC_DWT_VW;
+    constexpr int TH = CLV && ONE0 ? PC_DWT_THC : PC_DWT_TH;
+    constexpr bool PF = !CLV && ONE0 && S == 1 && PC_DWT_PF; /* channels-last rolls its window */
     if (CLV && VC > 1 && pc_dwt_vec_ok<VC>(a))
-        pc_dwt_conv<S, BWD, (CLV ? VC : 1), ONE0, VW>(a);
+        pc_dwt_conv<S, BWD, (CLV ? VC : 1), ONE0, VW, TH, PF>(a);
     else
-        pc_dwt_conv<S, BWD, 1, ONE0, VW>(a);
+        pc_dwt_conv<S, BWD, 1, ONE0, VW, TH, PF>(a);
 }
 
 /* Weight gradient, channels-last, R0C x 3 x 3 filters (R0C = 1 or 3, dilation 1 on axis 0 when 3), in-plane
- * stride S. Grid (channel tiles, splits); a.chunk units (n, o0, row tile, strip) per split. */
+ * stride S. Grid (channel tiles, a.splits); the (n, o0, row tile, strip) units are shared out evenly over the
+ * splits here (not from a.chunk), so the unit shape of each VC is the kernel's business alone. */
 /* Channel groups per block of the weight gradient (cuda.py's depthwise_weight_grid computes the same): 16 or 8,
  * so a block holds 16 or 32 position groups, and the splits (each a pass of portconv_split_finalize) stay few. */
 PC_DEVICE pc_idx pc_dwt_channel_tile(pc_idx CV) { return CV % 16 == 0 ? 16 : CV < 8 ? CV : 8; }
 
 template <int R0C, int S, int VC>
 PC_DEVICE void pc_dwt_bwd_weight(const pc_conv_args &a) {
-    constexpr int TH = PC_DWT_THW, VW = PC_DWT_VW, WIN = (VW - 1) * S + 3, TAPS = R0C * 9;
+    constexpr int TH = PC_DWT_THW(VC), VW = PC_DWT_VWW(VC), WIN = (VW - 1) * S + 3, TAPS = R0C * 9;
+    constexpr bool ROLL = VC >= 4;
     const pc_t *PC_RESTRICT x = (const pc_t *)a.x;
     pc_t *PC_RESTRICT dw = (pc_t *)a.w;
     const pc_t *PC_RESTRICT dy = (const pc_t *)a.y;
@@ -243,8 +261,11 @@ PC_DEVICE void pc_dwt_bwd_weight(const pc_conv_args &a) {
     const pc_idx T1 = (Y1 + TH - 1) / TH, NS = (Y2 + VW - 1) / VW;
     const pc_idx sp = (pc_idx)blockIdx.y;
     pc_idx lo, hi;
-    pc_split_range((pc_idx)a.N * Y0 * T1 * NS, (pc_idx)a.chunk, sp, lo, hi);
-    PC_SHARED pc_acc_t red[256];
+    const pc_idx units = (pc_idx)a.N * Y0 * T1 * NS;
+    pc_split_range(units, (units + (pc_idx)a.splits - 1) / (pc_idx)a.splits, sp, lo, hi);
+    constexpr int RT = 18; /* partials per thread and reduction round (18 KB of float, 36 KB of double) */
+    constexpr int ROUNDS = (TAPS * VC + RT - 1) / RT;
+    PC_SHARED pc_acc_t red[RT * PC_DWT_THREADS];
     for (pc_idx tile = (pc_idx)blockIdx.x; tile < ntiles; tile += (pc_idx)gridDim.x) {
         const pc_idx cv = tile * CT + lane, c = cv * VC;
         const bool active = pg < PG && cv < CV;
@@ -264,6 +285,40 @@ PC_DEVICE void pc_dwt_bwd_weight(const pc_conv_args &a) {
                 const pc_idx i0 = o0 * (pc_idx)a.S[0] - (pc_idx)a.P[0] + r0 * (pc_idx)a.DL[0];
                 if (i0 < 0 || i0 >= X0) continue;
                 const pc_idx rb = n * (pc_idx)a.xs[0] + c * (pc_idx)a.xs[1] + i0 * (pc_idx)a.xs[2];
+                if (ROLL) { /* a rolling 3-row window of X down the TH rows of the unit */
+                    pc_acc_t row[3][WIN][VC];
+                    pc_acc_t g[VW][VC];
+#pragma unroll
+                    for (int q = 0; q < 3 - S; ++q) {
+                        const pc_idx i1 = b1 + q;
+                        pc_dwt_row<VC, WIN>(row[q], x, rb + i1 * (pc_idx)a.xs[3], i1 >= 0 && i1 < X1, b2, X2, xs4);
+                    }
+                    for (int t = 0; t < TH && o1s + t < Y1; ++t) {
+#pragma unroll
+                        for (int q = 3 - S; q < 3; ++q) {
+                            const pc_idx i1 = b1 + S * t + q;
+                            pc_dwt_row<VC, WIN>(row[q], x, rb + i1 * (pc_idx)a.xs[3], i1 >= 0 && i1 < X1, b2, X2,
+                                                xs4);
+                        }
+                        pc_dwt_row<VC, VW>(g, dy, gb + (o1s + t) * (pc_idx)a.ys[3], true, o2s, Y2, ys4);
+#pragma unroll
+                        for (int r1 = 0; r1 < 3; ++r1)
+#pragma unroll
+                            for (int r2 = 0; r2 < 3; ++r2)
+#pragma unroll
+                                for (int v = 0; v < VW; ++v)
+#pragma unroll
+                                    for (int j = 0; j < VC; ++j)
+                                        acc[(r0 * 3 + r1) * 3 + r2][j] += g[v][j] * row[r1][v * S + r2][j];
+#pragma unroll
+                        for (int q = 0; q < 3 - S; ++q)
+#pragma unroll
+                            for (int u = 0; u < WIN; ++u)
+#pragma unroll
+                                for (int j = 0; j < VC; ++j) row[q][u][j] = row[q + S][u][j];
+                    }
+                    continue;
+                }
                 constexpr int NR = (TH - 1) * S + 3; /* every source row of the tile, loaded up front */
                 pc_acc_t row[NR][WIN][VC];
                 pc_acc_t g[TH][VW][VC];
@@ -288,33 +343,41 @@ PC_DEVICE void pc_dwt_bwd_weight(const pc_conv_args &a) {
                                     acc[(r0 * 3 + r1) * 3 + r2][j] += g[t][v][j] * row[S * t + r1][v * S + r2][j];
             }
         }
-        /* the position groups' partials, summed in a fixed order */
+        /* The position groups' partials, summed in a fixed order: per round every thread parks RT of its TAPS x VC
+         * partials in shared memory (value-major, conflict-free), then the CT x RT sums of the round are spread
+         * over the whole block, each a serial sum over the PG groups. */
 #pragma unroll
-        for (int t = 0; t < TAPS; ++t) {
+        for (int r = 0; r < ROUNDS; ++r) {
 #pragma unroll
-            for (int j = 0; j < VC; ++j) {
-                red[threadIdx.x] = acc[t][j];
-                PC_BARRIER();
-                if (pg == 0 && cv < CV) {
-                    pc_acc_t sum = 0;
-                    for (pc_idx p = 0; p < PG; ++p) sum += red[p * CT + lane];
-                    const pc_idx k = c + j;
-                    if (a.splits == 1)
-                        pc_st(dw, k * (pc_idx)a.ws_[0] + (t / 9) * (pc_idx)a.ws_[2] + ((t / 3) % 3) * (pc_idx)a.ws_[3] +
-                                      (t % 3) * (pc_idx)a.ws_[4],
-                              sum);
-                    else
-                        ((pc_acc_t *)a.ws)[sp * (pc_idx)a.K * TAPS + k * TAPS + t] = sum;
+            for (int t = 0; t < TAPS; ++t)
+#pragma unroll
+                for (int j = 0; j < VC; ++j) {
+                    const int q = t * VC + j - r * RT;
+                    if (q >= 0 && q < RT) red[q * PC_DWT_THREADS + threadIdx.x] = acc[t][j];
                 }
-                PC_BARRIER();
+            PC_BARRIER();
+            const int here = (TAPS * VC - r * RT) < RT ? TAPS * VC - r * RT : RT;
+            for (pc_idx o = (pc_idx)threadIdx.x; o < CT * here; o += B) {
+                const pc_idx ln = o % CT, q = o / CT, cvo = tile * CT + ln;
+                if (cvo >= CV) continue;
+                pc_acc_t sum = 0;
+                for (pc_idx p = 0; p < PG; ++p) sum += red[q * PC_DWT_THREADS + p * CT + ln];
+                const pc_idx tj = r * RT + q, t = tj / VC, k = cvo * VC + tj % VC;
+                if (a.splits == 1)
+                    pc_st(dw, k * (pc_idx)a.ws_[0] + (t / 9) * (pc_idx)a.ws_[2] + ((t / 3) % 3) * (pc_idx)a.ws_[3] +
+                                  (t % 3) * (pc_idx)a.ws_[4],
+                          sum);
+                else
+                    ((pc_acc_t *)a.ws)[sp * (pc_idx)a.K * TAPS + k * TAPS + t] = sum;
             }
+            PC_BARRIER();
         }
     }
 }
 
 template <int R0C, int S>
 PC_DEVICE void pc_dwt_bwd_weight_any(const pc_conv_args &a) {
-    constexpr int VC = PC_DWT_VC;
+    constexpr int VC = R0C == 3 && PC_DWT_VC > 2 ? 2 : PC_DWT_VC; /* 27 taps x 4 channels: too many registers */
     if (VC > 1 && pc_dwt_vec_ok<VC>(a))
         pc_dwt_bwd_weight<R0C, S, VC>(a);
     else

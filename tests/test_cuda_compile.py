@@ -262,6 +262,8 @@ def test_depthwise_per_element_kernels_on_cpu(emu_backend, case, monkeypatch):
 DW3_CASES = [
     EmuCase(2, 2, 6, 6, 9, 3, padding=1, groups=6, layout="chlast"),  # tile s1, vector path (C even)
     EmuCase(2, 1, 3, 3, 7, 3, padding=1, groups=3, layout="chlast"),  # tile s1, scalar fallback (C odd)
+    EmuCase(2, 1, 8, 8, 20, 3, padding=1, groups=8, layout="chlast"),  # 4 channels per thread (16-bit), 2 row tiles
+    EmuCase(2, 2, 16, 16, 6, 3, stride=2, padding=1, groups=16, layout="chlast"),  # 16 channels, stride 2
     EmuCase(2, 2, 4, 4, 10, 3, stride=2, padding=1, groups=4, layout="chlast"),  # tile s2, rows3s2 (P odd)
     EmuCase(2, 1, 4, 4, 11, 3, stride=2, padding=0, groups=4),  # rows3s2 (P even), NCHW tile s2 under 'all'
     EmuCase(2, 1, 2, 2, 9, 3, stride=2, padding=2, groups=2, layout="strided"),  # rows3s2, P = 2

@@ -29,10 +29,10 @@ TC_TILE_ENV = "PORTCONV_CUDA_IGEMM_TC_TILE"  # force one TC_TILES entry for ever
 THREADS = 256
 DW_TAPS = 9  # PC_DW_TAPS of cuda/conv_depthwise.cuh
 DW_V = 4  # PC_DW_V of cuda/conv_depthwise_rows.cuh: outputs per thread along the last spatial axis
-DW_TILE = (4, 4)  # PC_DWT_TH, PC_DWT_VW of cuda/conv_depthwise_tile.cuh: output rows x columns per thread
-DW_TILE_VWN = 2  # PC_DWT_VWN: columns per thread of the 2-D NCHW tile kernels ('tilen_s*')
-DW_TILE_W = 2  # PC_DWT_THW: output rows per thread of the tile weight gradient
-DW_TILE_VC = {"float32": 2, "float16": 2, "bfloat16": 2, "float64": 1}  # PC_DWT_VC: channels per thread (CL)
+# Output rows x columns per thread of the fwd/bwd-data tile kernels of cuda/conv_depthwise_tile.cuh (its PC_DWT_TH,
+# _THC, _VW, _VWN, _VWC): 'tilen_s*' (2-D NCHW), 'tilen3d_s*', 'tile_s*' (2-D channels-last), 'tile3d_s*'
+DW_TILE = {"nchw": (4, 2), "nchw3d": (4, 4), "cl": (16, 2), "cl3d": (4, 2)}
+DW_TILE_VC = {"float32": 2, "float16": 4, "bfloat16": 4, "float64": 1}  # PC_DWT_VC: channels per thread (CL)
 # where the tile fwd/bwd_data kernels run: "auto" (default: channels-last, and NCHW with >= 16 rows and enough
 # tiles to fill the GPU, DW_TILE_MIN_WORK), "cl" (channels-last only) or "all"
 DW_TILE_ENV = "PORTCONV_CUDA_DEPTHWISE_TILE"
@@ -140,7 +140,8 @@ def choose_for(problem: Problem, device: DeviceInfo, kernel_set: str = "CUDA", t
         names = ", ".join(f"{d} {ks[d]}" for d in ("fwd", "bwd_data", "bwd_weight"))
         return Choice("depthwise", fmt, f"depthwise (groups = C_in = {p.groups}, channel multiplier {m}): per-channel "
                       f"kernels without a channel loop [{names}] ('rows*': {DW_V} outputs per thread, "
-                      f"Note [depthwise rows]; 'tile*': {DW_TILE[0]}-row tiles per thread, Note [depthwise tile]; "
+                      f"Note [depthwise rows]; 'tile*': {tile_shape(fmt != 'contiguous', p.rank)} tiles per thread, "
+                      f"Note [depthwise tile]; "
                       f"plain: one output per thread, {DW_TAPS} weight-gradient taps per block){idx}", math)
     if p.groups == 1:
         dims = igemm_dims(problem)
@@ -190,8 +191,7 @@ def depthwise_kernels(view: ConvView, cl: bool = False) -> dict[str, str]:
     where = os.environ.get(DW_TILE_ENV, "auto")
     if where == "auto":  # NCHW: the tile loses to 'rows' on small planes and under-filled grids
         ext = view.Y
-        big = ext[1] >= 16 and view.N * ext[0] * -(-ext[1] // DW_TILE[0]) * -(-ext[2] // DW_TILE[1]) * view.C >= \
-            DW_TILE_MIN_WORK
+        big = ext[1] >= 16 and view.N * ext[0] * -(-ext[1] // 4) * -(-ext[2] // 4) * view.C >= DW_TILE_MIN_WORK
         where = "all" if big else "cl"
     if plane and where in ("all", "cl" if cl else "all"):
         tile = f"tile{'' if cl else 'n'}{'' if r0 == 1 else '3d'}_s{s2}"
@@ -203,13 +203,19 @@ def depthwise_kernels(view: ConvView, cl: bool = False) -> dict[str, str]:
     return {"fwd": fwd, "bwd_data": bwd_data, "bwd_weight": bwd_weight}
 
 
+def tile_shape(cl: bool, rank: int) -> str:
+    """'rows x columns' of the depthwise fwd/bwd-data tile kernels for a layout and spatial rank (plan reasons)."""
+    th, vw = DW_TILE[("cl" if cl else "nchw") + ("3d" if rank == 3 else "")]
+    return f"{th}x{vw}"
+
+
 def depthwise_work(view: ConvView, direction: str, kernel: str, cl: bool, dtype: str) -> int:
     """Work items (threads of a grid-stride loop) of a depthwise 'rows*' or 'tile*' fwd / bwd_data kernel."""
     ext, ch = (view.Y, view.K) if direction == "fwd" else (view.X, view.C)
     if kernel.startswith("tile"):
         vc = DW_TILE_VC[dtype] if cl and ch % DW_TILE_VC[dtype] == 0 else 1
-        vw = DW_TILE_VWN if kernel.startswith("tilen_") else DW_TILE[1]
-        return view.N * ext[0] * -(-ext[1] // DW_TILE[0]) * -(-ext[2] // vw) * (ch // vc)
+        th, vw = DW_TILE[("nchw" if kernel.startswith("tilen") else "cl") + ("3d" if "3d" in kernel else "")]
+        return view.N * ext[0] * -(-ext[1] // th) * -(-ext[2] // vw) * (ch // vc)
     return view.N * ext[0] * ext[1] * -(-ext[2] // DW_V) * ch
 
 
@@ -217,11 +223,13 @@ def depthwise_weight_grid(view: ConvView, kernel: str, cl: bool, dtype: str, uni
     """(grid, splits, chunk) of a depthwise 'rows*d' or 'tile*d' weight-gradient kernel (deterministic splits)."""
     v = view
     if kernel.startswith("tile"):  # grid (channel tiles, splits) over (n, o0, row tile, strip) units
-        vc = DW_TILE_VC[dtype] if cl and v.C % DW_TILE_VC[dtype] == 0 else 1
+        vc = min(DW_TILE_VC[dtype], 2) if kernel.startswith("tile3d") else DW_TILE_VC[dtype]
+        vc = vc if cl and v.C % vc == 0 else 1
         cv = v.C // vc
         ct = 16 if cv % 16 == 0 else min(cv, 8)  # pc_dwt_channel_tile
         tiles, groups = -(-cv // ct), THREADS // ct
-        work = v.N * v.Y[0] * -(-v.Y[1] // DW_TILE_W) * -(-v.Y[2] // DW_TILE[1])
+        th, vw = (8, 2) if vc >= 4 else (2, 4)  # PC_DWT_THW, PC_DWT_VWW: the kernel splits its units itself
+        work = v.N * v.Y[0] * -(-v.Y[1] // th) * -(-v.Y[2] // vw)
         target = 3 * max(units, 1)  # few splits: portconv_split_finalize sums them one by one
         splits = max(1, min(-(-target // tiles), -(-work // (4 * groups)), GRID_YZ_MAX))
     else:  # grid (K, splits) over strips

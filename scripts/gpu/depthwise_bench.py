@@ -144,29 +144,46 @@ def check_full(d, be, plan, x, w, go, conv, args):
 
 
 VARIANTS = {"v1": ("v1", "cl"), "v2": ("v2", "cl"), "v3": ("v3", "auto"), "v3cl": ("v3", "cl"), "v3all": ("v3", "all")}
-TILE0 = (cuda.DW_TILE, cuda.DW_TILE_W, cuda.DW_TILE_VWN)
+HALF = ("float16", "bfloat16")
+KNOBS = {  # variant key: (-D define, the cuda.DW_TILE entry and index the host sizes grids from, 16-bit only)
+    "th": ("PC_DWT_TH", "nchw.0", False), "thc": ("PC_DWT_THC", "cl.0", False), "vwc": ("PC_DWT_VWC", "cl.1", False),
+    "vwn": ("PC_DWT_VWN", "nchw.1", False), "pf": ("PC_DWT_PF", None, False), "vc": ("PC_DWT_VC", None, True)}
+SAVED = {k: dict(getattr(cuda, k)) for k in ("DW_TILE", "DW_TILE_VC")}
+EXTRA: dict = {}  # (define, value, 16-bit only) of the variant
 _init = cuda._Run.__init__
 
 
 def _init_with_tile(self, *args, **kw):  # experiments: the tile shape of the variant as extra -D defines
     _init(self, *args, **kw)
-    if (cuda.DW_TILE, cuda.DW_TILE_W, cuda.DW_TILE_VWN) != TILE0:
-        self.defines = {**self.defines, "PC_DWT_TH": cuda.DW_TILE[0], "PC_DWT_VW": cuda.DW_TILE[1],
-                        "PC_DWT_THW": cuda.DW_TILE_W, "PC_DWT_VWN": cuda.DW_TILE_VWN}
+    half = self.plan.problem.dtype in HALF
+    more = {d: v for d, v, h in EXTRA.values() if half or not h}
+    if more:
+        self.defines = {**self.defines, **more}
 
 
 cuda._Run.__init__ = _init_with_tile
 
 
 def set_variant(var: str) -> None:
-    """'v3' etc., or 'v3@TH.VW.THW' for the tile kernels compiled with another tile shape (VW for every tile)."""
+    """'v3' etc., or 'v3@key=value,...' for the tile kernels compiled with other -D defines (KNOBS: th, thc, vwc,
+    vwn, pf; vc for 16-bit dtypes only), the host's grid sizes set to match (grids only size grid-stride loops; the
+    weight gradient splits its units itself)."""
     name, _, shape = var.partition("@")
     os.environ[cuda.DW_ENV], os.environ[cuda.DW_TILE_ENV] = VARIANTS[name]
-    if shape:
-        th, vw, thw = (int(s) for s in shape.split("."))
-        cuda.DW_TILE, cuda.DW_TILE_W, cuda.DW_TILE_VWN = (th, vw), thw, vw
-    else:
-        cuda.DW_TILE, cuda.DW_TILE_W, cuda.DW_TILE_VWN = TILE0
+    EXTRA.clear()
+    for k, v in SAVED.items():
+        getattr(cuda, k).update(v)
+    for item in filter(None, shape.split(",")):
+        key, _, val = item.partition("=")
+        define, mirror, half = KNOBS[key]
+        EXTRA[key] = (define, int(val), half)
+        if key == "vc":
+            cuda.DW_TILE_VC.update({h: int(val) for h in HALF})
+        elif mirror:
+            entry, i = mirror.split(".")
+            t = list(cuda.DW_TILE[entry])
+            t[int(i)] = int(val)
+            cuda.DW_TILE[entry] = tuple(t)
 
 
 def copy_bandwidth() -> float:
@@ -226,7 +243,7 @@ def main() -> int:
     out = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "dw_out")
     out.mkdir(parents=True, exist_ok=True)
     runs = int(os.environ.get("DW_RUNS", "40"))
-    variants = os.environ.get("DW_VARIANTS", "v2,v3,v3all").split(",")
+    variants = os.environ.get("DW_VARIANTS", "v2,v3,v3all").split(os.environ.get("DW_SEP", ","))
     bw = copy_bandwidth()
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "runs": runs,
               "copy_GBps": bw / 1e6}
