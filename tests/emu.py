@@ -42,7 +42,7 @@ class EmuTensors:
     Note [replayed launches])."""
 
     device = 0
-    ptr = staticmethod(Tensors.ptr)
+    ptr = ptr_of = staticmethod(Tensors.ptr)
     replayable = True
 
     def __init__(self, wave: int = 1):
@@ -65,7 +65,10 @@ class EmuTensors:
     def raw_stream(self):
         return 0
 
-    def launch_block(self, fn, grid, block, block_args, stream):
+    def launch_head(self, fn, grid, block):
+        return None
+
+    def launch_block(self, fn, grid, block, block_args, stream, head=None):
         self._run(fn, grid, block, ctypes.addressof(block_args))
 
     def _run(self, fn, grid, block, address):

@@ -25,6 +25,11 @@ class FakeIo:
     def ptr(t) -> int:
         return 0 if t is None else t.addr
 
+    ptr_of = ptr
+
+    def launch_head(self, fn, grid, block):
+        return ("head", fn, grid, block)
+
     def raw_stream(self) -> int:
         return 77
 
@@ -38,7 +43,8 @@ class FakeIo:
         self.next += 0x100
         return Obj(self.next)
 
-    def launch_block(self, fn, grid, block, args, stream):
+    def launch_block(self, fn, grid, block, args, stream, head=None):
+        assert head == ("head", fn, grid, block)  # made once per recorded launch, passed at every replay
         self.launches.append((fn, grid, block, list(args), stream))
 
 

@@ -266,6 +266,10 @@ def _external_stream(cupy, ptr: int, device: int):
     return s
 
 
+def _torch_ptr(t) -> int:
+    return t.data_ptr()
+
+
 class Tensors:
     """Raw pointers, allocation and the launch stream for the arrays of one plan's calls (torch CUDA tensors or
     CuPy arrays on one device).
@@ -291,6 +295,7 @@ class Tensors:
         else:
             self.device = like.device.id
         self._driver = None if self.hip else _replay.driver_launch()
+        self.ptr_of = _torch_ptr if self.is_torch else self.ptr  # a tensor's device address (replayed calls)
         self.rec: _replay.Recording | None = None  # set while a call is recorded (Note [replayed launches])
         self.replayable = self.is_torch
 
@@ -348,10 +353,16 @@ class Tensors:
         if self.rec is not None:
             self.rec.launched(fn, grid, block, args)
 
-    def launch_block(self, fn, grid: tuple[int, int, int], block: int, block_args, stream: int) -> None:
-        """Launch ``fn`` with one argument block (a ctypes array) on the raw ``stream`` (Note [replayed launches])."""
+    def launch_head(self, fn, grid: tuple[int, int, int], block: int) -> tuple | None:
+        """What launch_block may take as ``head``: the driver's converted leading arguments, or None."""
+        return None if self._driver is None else self._driver.head(fn.ptr, grid, block)
+
+    def launch_block(self, fn, grid: tuple[int, int, int], block: int, block_args, stream: int,
+                     head: tuple | None = None) -> None:
+        """Launch ``fn`` with one argument block (a ctypes array) on the raw ``stream`` (Note [replayed launches]);
+        ``head``: launch_head(fn, grid, block), if the caller keeps it."""
         if self._driver is not None and self.cupy.cuda.runtime.getDevice() == self.device:
-            self._driver(fn.ptr, grid, block, block_args, stream, self.device)
+            self._driver(head or self._driver.head(fn.ptr, grid, block), block_args, stream, self.device)
             return
         import numpy as np
 

@@ -40,14 +40,21 @@ class DriverLaunch:
         self._name = lib.cuGetErrorName
         self._name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
 
-    def __call__(self, fn_ptr: int, grid, block: int, block_args, stream: int, device: int) -> None:
+    @staticmethod
+    def head(fn_ptr: int, grid, block: int) -> tuple:
+        """cuLaunchKernel's leading arguments (function, grid, block, no dynamic shared memory) as ctypes values,
+        converted once per recorded launch instead of at every call."""
+        u = ctypes.c_uint
+        return ctypes.c_void_p(fn_ptr), u(grid[0]), u(grid[1]), u(grid[2]), u(block), u(1), u(1), u(0)
+
+    def __call__(self, head: tuple, block_args, stream: int, device: int) -> None:
         pp = ctypes.c_void_p(ctypes.addressof(block_args))
-        err = self._launch(fn_ptr, grid[0], grid[1], grid[2], block, 1, 1, 0, stream, ctypes.byref(pp), None)
+        err = self._launch(*head, stream, ctypes.byref(pp), None)
         if err == _CUDA_ERROR_INVALID_CONTEXT:  # a thread that never made the device's context current
             import cupy
 
             cupy.cuda.runtime.setDevice(device)
-            err = self._launch(fn_ptr, grid[0], grid[1], grid[2], block, 1, 1, 0, stream, ctypes.byref(pp), None)
+            err = self._launch(*head, stream, ctypes.byref(pp), None)
         if err:
             name = ctypes.c_char_p()
             self._name(err, ctypes.byref(name))
@@ -74,6 +81,7 @@ class Step:
     block: int
     args: ctypes.Array  # the argument block as recorded (c_int64 * ARG_COUNT)
     slots: tuple[tuple[int, str], ...]  # (pointer field, role)
+    head: tuple | None = None  # DriverLaunch.head of this launch, made at its first replay
 
 
 class Recording:
@@ -140,11 +148,13 @@ class Program:
         vals = dict(inputs)
         for role, kind, args in self.allocs:
             vals[role] = io.empty(*args, poison) if kind == "empty" else io.workspace(*args)
-        ptr = io.ptr
+        ptr = io.ptr_of
         stream = io.raw_stream()
         for s in self.steps:
             a = type(s.args).from_buffer_copy(s.args)
             for i, role in s.slots:
                 a[i] = ptr(vals[role])
-            io.launch_block(s.fn, s.grid, s.block, a, stream)
+            if s.head is None:
+                s.head = io.launch_head(s.fn, s.grid, s.block)
+            io.launch_block(s.fn, s.grid, s.block, a, stream, s.head)
         return tuple(None if r is None else vals[r] for r in self.outputs)

@@ -449,9 +449,10 @@ def _layout(t) -> tuple | None:
     vector loads by alignment)."""
     if t is None:
         return None
-    if (type(t).__module__ or "").startswith("torch"):
-        return t.stride(), t.data_ptr() & 15
-    return t.strides, t.data.ptr & 15  # CuPy
+    try:
+        return t.stride(), t.data_ptr() & 15  # torch
+    except AttributeError:
+        return t.strides, t.data.ptr & 15  # CuPy
 
 
 class _Run:

@@ -1,7 +1,10 @@
 """Where a cached plan's per-call host time goes on the GPU: per-call times per backend, a cProfile of the
-slow ones, and the cost of the primitives a call is made of. Usage: python3 scripts/gpu/overhead_profile.py"""
+slow ones, and the cost of the primitives a call is made of. Usage: python3 scripts/gpu/overhead_profile.py [CALLS]
+OVERHEAD_SHAPE=N,C,H,G (default 1,4,8,1: a 1x4x8x8 input, 3x3 filter, pad 1, G groups) times another square conv2d,
+e.g. 1,32,112,32 for the suite's mbv2-dw3x3-b1 row; OVERHEAD_BACKENDS (default aten,cudnn,cuda,hip,auto)."""
 import cProfile
 import io
+import os
 import pstats
 import sys
 import time
@@ -12,9 +15,12 @@ import torch.nn.functional as F
 import portconv
 
 dev = "cuda"
-x = torch.randn(1, 4, 8, 8, device=dev)
-w = torch.randn(4, 4, 3, 3, device=dev)
-go = torch.randn(1, 4, 8, 8, device=dev)
+n_, c_, h_, g_ = (int(v) for v in os.environ.get("OVERHEAD_SHAPE", "1,4,8,1").split(","))
+x = torch.randn(n_, c_, h_, h_, device=dev)
+w = torch.randn(c_, c_ // g_, 3, 3, device=dev)
+go = torch.randn(n_, c_, h_, h_, device=dev)
+BACKENDS = [None if b == "auto" else b
+            for b in os.environ.get("OVERHEAD_BACKENDS", "aten,cudnn,cuda,hip,auto").split(",")]
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 3000
 
 
@@ -33,21 +39,21 @@ def per_call(fn, n=N):
 
 
 print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
-print(f"F.conv2d                 {per_call(lambda: F.conv2d(x, w, None, 1, 1)):7.1f} us")
+print(f"F.conv2d                 {per_call(lambda: F.conv2d(x, w, None, 1, 1, 1, g_)):7.1f} us")
 bw = torch.ops.aten.convolution_backward.default
-t = per_call(lambda: bw(go, x, w, [4], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False]))
+t = per_call(lambda: bw(go, x, w, [c_], [1, 1], [1, 1], [1, 1], False, [0, 0], g_, [True, True, False]))
 print(f"aten bwd (1,1,0)         {t:7.1f} us")
 plans = {}
-for b in ("aten", "cudnn", "cuda", "hip", None):
+for b in BACKENDS:
     try:
-        p = portconv.plan(x, w, None, 1, 1, backend=b)
+        p = portconv.plan(x, w, None, 1, 1, 1, False, 0, g_, backend=b)
     except Exception as e:  # noqa: BLE001
         print(b, "unavailable", e)
         continue
     plans[b or "auto"] = p
     f = per_call(lambda p=p: p.forward(x, w, None))
     g = per_call(lambda p=p: p.backward(go, x, w, (True, True, False)))
-    c = per_call(lambda b=b: portconv.conv2d(x, w, None, 1, 1, backend=b))
+    c = per_call(lambda b=b: portconv.conv2d(x, w, None, 1, 1, 1, g_, backend=b))
     print(f"{(b or 'auto') + '->' + str(p.backend):10s} plan.forward {f:7.1f} us  plan.backward(1,1,0) {g:7.1f} us  "
           f"conv2d {c:7.1f} us")
 
