@@ -13,14 +13,18 @@
  *
  * Defines (host, one program per set): DTYPE_F32 | DTYPE_F64, optional IDX64, DW_VW (4 or 8), DW_RB (rows
  * computed together by one work-item of dw_fwd/dw_bwd_data), DW_NB (such row blocks per work-item),
- * DW_K0, DW_K1, DW_K2, DW_S0, DW_S1, DW_S2 (each stride 1 or 2).
+ * DW_K0, DW_K1, DW_K2, DW_S0, DW_S1, DW_S2 (each stride 1 or 2); DW_VB (optional): which kernels load border
+ * vectors whole (Note [border loads]): bit 0 forward, 1 backward-data, 2 backward-weight; default 5, as measured
+ * on PoCL (docs/performance/notes-opencl.md v7).
  */
 #include "common.h"
 
 #if defined(DTYPE_F32)
 #define TNAME float
+#define INAME int
 #elif defined(DTYPE_F64)
 #define TNAME double
+#define INAME long
 #else
 #error "portconv: the depthwise kernels take float32 and float64 (ACC == T)"
 #endif
@@ -38,6 +42,19 @@
 #endif
 #define VT CAT(TNAME, DW_VW)   /* DW_VW outputs */
 #define HT CAT(TNAME, DW_HW)   /* half of them (stride-2 backward-data parity classes) */
+#define VI CAT(INAME, DW_VW)   /* lane masks of select() */
+#define HI CAT(INAME, DW_HW)
+/* v with the lanes where the mask m (-1 / 0 per lane, from vector comparisons) is 0 set to +0: a bitwise and,
+ * not select() (which may be an out-of-line library call, as vloadn is in PoCL) */
+#define MASKV(v, m) (CAT(as_, VT)(CAT(as_, VI)(v) & (m)))
+#define MASKH(v, m) (CAT(as_, HT)(CAT(as_, HI)(v) & (m)))
+#if DW_VW == 8
+#define V_LANES ((VI)(0, 1, 2, 3, 4, 5, 6, 7))
+#define H_LANES ((HI)(0, 1, 2, 3))
+#else
+#define V_LANES ((VI)(0, 1, 2, 3))
+#define H_LANES ((HI)(0, 1))
+#endif
 
 /* Vector loads and stores. DW_CPU (CPU devices, set by the host): a dereference of a vector type with
  * the element's alignment, which clang compiles to one unaligned vector access (PoCL's library
@@ -76,10 +93,32 @@ typedef HT __attribute__((aligned(sizeof(T)))) ht_unaligned;
 #define DW_INLINE inline
 #endif
 
+/* Note [border loads]: a border vector (columns partly outside [0, X), or lanes past the last output) is
+ * still one vector load when its span lies between the tensor's first and last element (in the buffer, so
+ * safe to read), with the lanes outside zeroed by a mask (MASKV); only vectors at the tensor's two ends are loaded
+ * element by element. `sp` is that element range [lo, hi) (tensor_span). The 7x7 rows (every vector a border
+ * one) and the first and last vector of each wider row take this path. */
+typedef struct { idx_t lo, hi; } span_t;
+#ifndef DW_VB
+#define DW_VB 5
+#endif
+
+/* [offset, one past the last element] of the tensor with strides s[5] and extents (n, c, e[0], e[1], e[2]). */
+DW_INLINE span_t tensor_span(idx_t o, const idx_t *s, idx_t n, idx_t c, const idx_t *e) {
+    span_t r;
+    r.lo = o;
+    r.hi = o + (n - 1) * s[0] + (c - 1) * s[1] + (e[0] - 1) * s[2] + (e[1] - 1) * s[3] + (e[2] - 1) * s[4] + 1;
+    return r;
+}
+
 /* DW_VW elements of a row (element offset `row`) at columns c0, c0+1, ...; zero outside [0, X) and for
- * lanes >= nv. One vload when all are inside. */
-DW_INLINE VT ld_v(__global const T *p, idx_t row, idx_t c0, idx_t X, idx_t nv) {
+ * lanes >= nv. One vload when all are inside, or inside the tensor (Note [border loads]). */
+DW_INLINE VT ld_v(__global const T *p, idx_t row, idx_t c0, idx_t X, idx_t nv, const span_t sp, const int vb) {
     if (c0 >= 0 && c0 + DW_VW <= X && nv >= DW_VW) return VLOAD(p + row + c0);
+    if (vb && row + c0 >= sp.lo && row + c0 + DW_VW <= sp.hi) {
+        const VI c = (VI)c0 + V_LANES;
+        return MASKV(VLOAD(p + row + c0), (c >= (VI)0) & (c < (VI)X) & (V_LANES < (VI)nv));
+    }
     T t[DW_VW];
     for (int k = 0; k < DW_VW; ++k) {
         const idx_t c = c0 + k;
@@ -89,8 +128,12 @@ DW_INLINE VT ld_v(__global const T *p, idx_t row, idx_t c0, idx_t X, idx_t nv) {
 }
 
 /* DW_HW elements at columns c0, c0+1, ... (zero outside [0, X)). */
-DW_INLINE HT ld_h(__global const T *p, idx_t row, idx_t c0, idx_t X) {
+DW_INLINE HT ld_h(__global const T *p, idx_t row, idx_t c0, idx_t X, const span_t sp, const int vb) {
     if (c0 >= 0 && c0 + DW_HW <= X) return HLOAD(p + row + c0);
+    if (vb && row + c0 >= sp.lo && row + c0 + DW_HW <= sp.hi) {
+        const HI c = (HI)c0 + H_LANES;
+        return MASKH(HLOAD(p + row + c0), (c >= (HI)0) & (c < (HI)X));
+    }
     T t[DW_HW];
     for (int k = 0; k < DW_HW; ++k) {
         const idx_t c = c0 + k;
@@ -100,17 +143,22 @@ DW_INLINE HT ld_h(__global const T *p, idx_t row, idx_t c0, idx_t X) {
 }
 
 /* DW_VW elements at columns c0, c0+DW_S2, ... (zero outside [0, X) and for lanes >= nv). */
-DW_INLINE VT ld_x(__global const T *p, idx_t row, idx_t c0, idx_t X, idx_t nv) {
+DW_INLINE VT ld_x(__global const T *p, idx_t row, idx_t c0, idx_t X, idx_t nv, const span_t sp, const int vb) {
 #if DW_S2 == 1
-    return ld_v(p, row, c0, X, nv);
+    return ld_v(p, row, c0, X, nv, sp, vb);
 #else
     if (c0 >= 0 && c0 + DW_VW2 <= X && nv >= DW_VW) {
         /* two DW_VW loads and their even lanes (a 2*DW_VW vector would exceed an AVX2 register pair's ABI) */
         const VT lo = VLOAD(p + row + c0), hi = VLOAD(p + row + c0 + DW_VW);
         return (VT)(lo.even, hi.even);
     }
-    /* border: the same two loads, masked (element c0 + 2k is in lane 2k of the pair) */
-    const VT lo = ld_v(p, row, c0, X, 2 * nv), hi = ld_v(p, row, c0 + DW_VW, X, 2 * nv - DW_VW);
+    if (vb && row + c0 >= sp.lo && row + c0 + DW_VW2 <= sp.hi) {  /* Note [border loads]: lane k is column c0 + 2k */
+        const VT lo = VLOAD(p + row + c0), hi = VLOAD(p + row + c0 + DW_VW);
+        const VI c = (VI)c0 + 2 * V_LANES;
+        return MASKV((VT)(lo.even, hi.even), (c >= (VI)0) & (c < (VI)X) & (V_LANES < (VI)nv));
+    }
+    /* the tensor's ends: the same two loads, masked (element c0 + 2k is in lane 2k of the pair) */
+    const VT lo = ld_v(p, row, c0, X, 2 * nv, sp, 0), hi = ld_v(p, row, c0 + DW_VW, X, 2 * nv - DW_VW, sp, 0);
     return (VT)(lo.even, hi.even);
 #endif
 }
@@ -153,12 +201,25 @@ DW_INLINE ACC hsum(VT v) {
     return b.x + b.y;
 }
 
+/* Row ii of the x rows a block of DW_RB output rows from oh0 reaches (plane iz, columns from c0): its DW_K2
+ * shifted vectors in xv, or 0 when the row lies in the padding. Shared by the forward and backward-weight. */
+DW_INLINE int x_row(const conv_desc *d, __global const T *x, idx_t xb, idx_t iz, idx_t oh0, int ii, idx_t c0,
+                    idx_t nv, VT *xv, const int inner, const span_t sp, const int vb) {
+    const idx_t iy = oh0 * DW_S1 - d->P[1] + ii;
+    if (iy < 0 || iy >= d->X[1]) return 0;
+    const idx_t row = xb + iz * d->xs[2] + iy * d->xs[3];
+#pragma unroll
+    for (int r2 = 0; r2 < DW_K2; ++r2)
+        xv[r2] = inner ? ldx_in(x, row + c0 + r2) : ld_x(x, row, c0 + r2, d->X[2], nv, sp, vb);
+    return 1;
+}
+
 /* DW_RB output rows oh0 .. oh0+DW_RB of the forward pass, DW_VW outputs each, with the TAPS weights in
  * registers: every input row the block touches is loaded once (DW_K2 shifted vectors) and added into each
  * output row it reaches, so the block's DW_RB accumulators are independent chains. `inner` is a constant at
  * each call site: the interior variant has no column checks. Rows past Y1 are computed but not stored. */
 DW_INLINE void fwd_rows(const conv_desc *d, __global const T *x, const T *wr, idx_t xb, idx_t od, idx_t oh0,
-                        idx_t c0, T bias, VT *acc, const int inner) {
+                        idx_t c0, T bias, VT *acc, const int inner, const span_t sp) {
 #pragma unroll
     for (int j = 0; j < DW_RB; ++j) acc[j] = (VT)bias;
 #pragma unroll
@@ -167,13 +228,8 @@ DW_INLINE void fwd_rows(const conv_desc *d, __global const T *x, const T *wr, id
         if (iz >= 0 && iz < d->X[0]) {
 #pragma unroll
             for (int ii = 0; ii < (DW_RB - 1) * DW_S1 + DW_K1; ++ii) {
-                const idx_t iy = oh0 * DW_S1 - d->P[1] + ii;
-                if (iy >= 0 && iy < d->X[1]) {
-                    const idx_t row = xb + iz * d->xs[2] + iy * d->xs[3];
-                    VT xv[DW_K2];
-#pragma unroll
-                    for (int r2 = 0; r2 < DW_K2; ++r2)
-                        xv[r2] = inner ? ldx_in(x, row + c0 + r2) : ld_x(x, row, c0 + r2, d->X[2], DW_VW);
+                VT xv[DW_K2];
+                if (x_row(d, x, xb, iz, oh0, ii, c0, DW_VW, xv, inner, sp, DW_VB & 1)) {
 #pragma unroll
                     for (int j = 0; j < DW_RB; ++j) {
                         const int r1 = ii - j * DW_S1;
@@ -212,12 +268,13 @@ __kernel void dw_fwd(const conv_desc d, __global const T *x, __global const T *w
     for (int t = 0; t < TAPS; ++t)
         wr[t] = w[wb + (t / (DW_K1 * DW_K2)) * d.ws[2] + ((t / DW_K2) % DW_K1) * d.ws[3] + (t % DW_K2) * d.ws[4]];
     const int inner = c0 >= 0 && c0 + X_SPAN <= d.X[2] && nv >= DW_VW;
+    const span_t sp = tensor_span(d.xo, d.xs, d.N, d.G, d.X);
     for (idx_t oh = oh0; oh < oh1; oh += DW_RB) {
         VT acc[DW_RB];
         if (inner) {
-            fwd_rows(&d, x, wr, xb, od, oh, c0, bias, acc, 1);
+            fwd_rows(&d, x, wr, xb, od, oh, c0, bias, acc, 1, sp);
         } else {
-            fwd_rows(&d, x, wr, xb, od, oh, c0, bias, acc, 0);
+            fwd_rows(&d, x, wr, xb, od, oh, c0, bias, acc, 0, sp);
         }
         if (inner && oh + DW_RB <= oh1) {
 #pragma unroll
@@ -235,7 +292,7 @@ __kernel void dw_fwd(const conv_desc d, __global const T *x, __global const T *w
  * base + j - ii*DW_S1 for x row j and gy row oy_lo + ii. `base` (K1-1 or K1-2: the parity of the first row
  * under stride 2) and `inner` are constants at each call site, so the tap matching unrolls away. */
 DW_INLINE void bwd_rows(const conv_desc *d, __global const T *y, const T *wr, idx_t yb, idx_t iz, idx_t ih0,
-                        idx_t iw0, VT *acc, HT *ae, HT *ao, const int inner, const int base) {
+                        idx_t iw0, VT *acc, HT *ae, HT *ao, const int inner, const int base, const span_t sp) {
     const idx_t oy_lo = (ih0 + d->P[1] - base) / DW_S1;
 #pragma unroll
     for (int r0 = 0; r0 < DW_K0; ++r0) {
@@ -251,12 +308,12 @@ DW_INLINE void bwd_rows(const conv_desc *d, __global const T *y, const T *wr, id
                     for (int r2 = 0; r2 < DW_K2; ++r2) {
                         const idx_t te = iw0 + d->P[2] - r2;
 #if DW_S2 == 1
-                        const VT yv = inner ? VLOAD(y + row + te) : ld_v(y, row, te, d->Y[2], DW_VW);
+                        const VT yv = inner ? VLOAD(y + row + te) : ld_v(y, row, te, d->Y[2], DW_VW, sp, DW_VB & 2);
 #else
                         /* iw0 is even: lane 2m needs o = te/2 + m when te is even, lane 2m+1 o = (te+1)/2 + m
                          * when te is odd (>> 1 is the floor division, exact here) */
                         const idx_t o = (te + 1) >> 1;
-                        const HT yv = inner ? HLOAD(y + row + o) : ld_h(y, row, o, d->Y[2]);
+                        const HT yv = inner ? HLOAD(y + row + o) : ld_h(y, row, o, d->Y[2], sp, DW_VB & 2);
 #endif
 #pragma unroll
                         for (int j = 0; j < DW_RB; ++j) {
@@ -301,6 +358,7 @@ __kernel void dw_bwd_data(const conv_desc d, __global const T *y, __global const
 #else
     const int inner = iw0 + d.P[2] - (DW_K2 - 1) >= 0 && ((iw0 + d.P[2] + 1) >> 1) + DW_HW <= d.Y[2] && nv >= DW_VW;
 #endif
+    const span_t sp = tensor_span(d.yo, d.ys, d.N, d.G * d.CY, d.Y);
     /* stride 2 along H: the first gy row of a block (ih0 even) has tap K1-1 or K1-2, by the parity of P1 */
 #if DW_S1 == 2
     const int odd = (int)((d.P[1] - (DW_K1 - 1)) & 1);
@@ -326,16 +384,16 @@ __kernel void dw_bwd_data(const conv_desc d, __global const T *y, __global const
 #if DW_S1 == 2
             if (odd) {
                 if (inner)
-                    bwd_rows(&d, y, wr, yb, iz, ih, iw0, acc, ae, ao, 1, DW_K1 - 2);
+                    bwd_rows(&d, y, wr, yb, iz, ih, iw0, acc, ae, ao, 1, DW_K1 - 2, sp);
                 else
-                    bwd_rows(&d, y, wr, yb, iz, ih, iw0, acc, ae, ao, 0, DW_K1 - 2);
+                    bwd_rows(&d, y, wr, yb, iz, ih, iw0, acc, ae, ao, 0, DW_K1 - 2, sp);
                 continue;
             }
 #endif
             if (inner)
-                bwd_rows(&d, y, wr, yb, iz, ih, iw0, acc, ae, ao, 1, DW_K1 - 1);
+                bwd_rows(&d, y, wr, yb, iz, ih, iw0, acc, ae, ao, 1, DW_K1 - 1, sp);
             else
-                bwd_rows(&d, y, wr, yb, iz, ih, iw0, acc, ae, ao, 0, DW_K1 - 1);
+                bwd_rows(&d, y, wr, yb, iz, ih, iw0, acc, ae, ao, 0, DW_K1 - 1, sp);
         }
 #pragma unroll
         for (int j = 0; j < DW_RB; ++j) {
@@ -353,22 +411,41 @@ __kernel void dw_bwd_data(const conv_desc d, __global const T *y, __global const
     }
 }
 
-/* One position of the backward-weight reduction: acc[tap] += x(tap) * gy for the DW_VW outputs at c0. */
-DW_INLINE void bww_item(const conv_desc *d, __global const T *x, idx_t xn, idx_t oz, idx_t oy, idx_t c0, idx_t nv,
-                        VT gy, VT *acc, const int inner) {
+/* DW_RB gy rows oy0 .. oy0+DW_RB (those below Y1) of one W block (outputs ow0 .. ow0+DW_VW) of the backward-weight
+ * reduction: each gy row is loaded once, every x row the block reaches once (DW_K2 shifted vectors), and
+ * acc[tap] += x * gy for each (x row ii, gy row j) pair that tap r1 = ii - j*DW_S1 joins. `inner` is a constant
+ * at each call site (no column checks). */
+DW_INLINE void bww_rows(const conv_desc *d, __global const T *x, __global const T *y, idx_t xn, idx_t yrow,
+                        idx_t oz, idx_t oy0, idx_t ow0, VT *acc, const int inner, const span_t xsp,
+                        const span_t ysp) {
+    const idx_t nv = d->Y[2] - ow0;
+    const idx_t c0 = ow0 * DW_S2 - d->P[2];
+    const idx_t rows = d->Y[1] - oy0;  /* gy rows left (>= 1) */
+    VT gy[DW_RB];
+#pragma unroll
+    for (int j = 0; j < DW_RB; ++j) {
+        const idx_t at = yrow + (oy0 + j) * d->ys[3];
+        gy[j] = j >= rows ? (VT)0 : inner ? VLOAD(y + at + ow0) : ld_v(y, at, ow0, d->Y[2], nv, ysp, DW_VB & 4);
+    }
 #pragma unroll
     for (int r0 = 0; r0 < DW_K0; ++r0) {
         const idx_t iz = oz * DW_S0 - d->P[0] + r0;
+        if (iz >= 0 && iz < d->X[0]) {
 #pragma unroll
-        for (int r1 = 0; r1 < DW_K1; ++r1) {
-            const idx_t iy = oy * DW_S1 - d->P[1] + r1;
-            if (iz >= 0 && iz < d->X[0] && iy >= 0 && iy < d->X[1]) {
-                const idx_t row = xn + iz * d->xs[2] + iy * d->xs[3];
+            for (int ii = 0; ii < (DW_RB - 1) * DW_S1 + DW_K1; ++ii) {
+                VT xv[DW_K2];
+                if (x_row(d, x, xn, iz, oy0, ii, c0, nv, xv, inner, xsp, DW_VB & 4)) {
 #pragma unroll
-                for (int r2 = 0; r2 < DW_K2; ++r2) {
-                    const int t = (r0 * DW_K1 + r1) * DW_K2 + r2;
-                    const VT xv = inner ? ldx_in(x, row + c0 + r2) : ld_x(x, row, c0 + r2, d->X[2], nv);
-                    acc[t] = FMA(xv, gy, acc[t]);
+                    for (int j = 0; j < DW_RB; ++j) {
+                        const int r1 = ii - j * DW_S1;
+                        if (r1 >= 0 && r1 < DW_K1 && j < rows) {
+#pragma unroll
+                            for (int r2 = 0; r2 < DW_K2; ++r2) {
+                                const int t = (r0 * DW_K1 + r1) * DW_K2 + r2;
+                                acc[t] = FMA(xv[r2], gy[j], acc[t]);
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -376,11 +453,11 @@ DW_INLINE void bww_item(const conv_desc *d, __global const T *x, idx_t xn, idx_t
 }
 
 /* Backward-weight: work-group (split s, output channel co) of L work-items. The group's share of the
- * N x Y0 x Y1 x (W blocks) positions is [s*red, min(cnt, (s+1)*red)); work-item l walks it from l in
- * steps of L (a mixed-radix position, no divisions) keeping TAPS vector accumulators, then the lanes are
- * added in a fixed tree and the work-items' partials in a fixed tree in local memory. One split writes
+ * N x Y0 x (blocks of DW_RB rows) x (W blocks) positions is [s*red, min(cnt, (s+1)*red)); work-item l walks it
+ * from l in steps of L (a mixed-radix position, no divisions) keeping TAPS vector accumulators, then the lanes
+ * are added in a fixed tree and the work-items' partials in a fixed tree in local memory. One split writes
  * the weight; several write partials[(co*splits + s)*TAPS + tap], which dw_finalize adds in split order.
- * Deterministic, no atomics. */
+ * Deterministic, no atomics. CPUs run L = 1: one work-item walks its channel's rows in order. */
 __kernel void dw_bwd_weight(const conv_desc d, __global const T *x, __global const T *y, __global T *w,
                             __global ACC *part, __local ACC *scratch) {
     const idx_t s = (idx_t)get_group_id(0);
@@ -389,28 +466,30 @@ __kernel void dw_bwd_weight(const conv_desc d, __global const T *x, __global con
     const int l = (int)get_local_id(0);
     const int L = (int)get_local_size(0);
     const idx_t nb = (d.Y[2] + DW_VW - 1) / DW_VW;
-    const idx_t cnt = d.N * d.Y[0] * d.Y[1] * nb;
+    const idx_t nr = (d.Y[1] + DW_RB - 1) / DW_RB;
+    const idx_t cnt = d.N * d.Y[0] * nr * nb;
     const idx_t jb = s * d.red;
     const idx_t je = jb + d.red < cnt ? jb + d.red : cnt;
     const idx_t g = co / d.CY;
     const idx_t xb = d.xo + g * d.xs[1];
     const idx_t yb = d.yo + co * d.ys[1];
+    const span_t xsp = tensor_span(d.xo, d.xs, d.N, d.G, d.X);
+    const span_t ysp = tensor_span(d.yo, d.ys, d.N, d.G * d.CY, d.Y);
     VT acc[TAPS];
 #pragma unroll
     for (int t = 0; t < TAPS; ++t) acc[t] = (VT)0;
     if (jb + l < je) {
-        const pos4 step = pos4_of((idx_t)L, d.Y[0], d.Y[1], nb);
-        pos4 q = pos4_of(jb + l, d.Y[0], d.Y[1], nb);
-        for (idx_t j = jb + l; j < je; j += L, pos4_add(&q, step, d.Y[0], d.Y[1], nb)) {
+        const pos4 step = pos4_of((idx_t)L, d.Y[0], nr, nb);
+        pos4 q = pos4_of(jb + l, d.Y[0], nr, nb);
+        for (idx_t j = jb + l; j < je; j += L, pos4_add(&q, step, d.Y[0], nr, nb)) {
             const idx_t ow0 = q.x * DW_VW;
-            const idx_t nv = d.Y[2] - ow0;
-            const VT gy = ld_v(y, yb + q.b * d.ys[0] + q.z * d.ys[2] + q.y * d.ys[3], ow0, d.Y[2], nv);
             const idx_t c0 = ow0 * DW_S2 - d.P[2];
             const idx_t xn = xb + q.b * d.xs[0];
-            if (c0 >= 0 && c0 + X_SPAN <= d.X[2] && nv >= DW_VW)
-                bww_item(&d, x, xn, q.z, q.y, c0, nv, gy, acc, 1);
+            const idx_t yrow = yb + q.b * d.ys[0] + q.z * d.ys[2];
+            if (c0 >= 0 && c0 + X_SPAN <= d.X[2] && d.Y[2] - ow0 >= DW_VW)
+                bww_rows(&d, x, y, xn, yrow, q.z, q.y * DW_RB, ow0, acc, 1, xsp, ysp);
             else
-                bww_item(&d, x, xn, q.z, q.y, c0, nv, gy, acc, 0);
+                bww_rows(&d, x, y, xn, yrow, q.z, q.y * DW_RB, ow0, acc, 0, xsp, ysp);
         }
     }
 #pragma unroll

@@ -470,6 +470,7 @@ def test_depthwise_variants(variant, monkeypatch):
         monkeypatch.setattr(ob, "dw_splits", lambda *a: 3)
     else:
         monkeypatch.setattr(rt, "force_idx64", True)
+        monkeypatch.setattr(ob, "dw_splits", lambda *a: 1)  # the single-pass grad-weight in the 64-bit build
     for shape, k, stride, mult, dt in (((3, 13, 21), (3, 3), 1, 1, torch.float32),
                                        ((2, 9, 19), (3, 3), 2, 2, torch.float64),
                                        ((2, 4, 6, 11), (3, 3, 3), 1, 1, torch.float32)):
@@ -497,6 +498,142 @@ def test_depthwise_splits_table():
     from portconv.backends.opencl import dw_splits
 
     assert dw_splits(144, 392, 16, 2, cpu=True) == 1  # enough channels for two cores
+    assert dw_splits(144, 98, 1, 2, cpu=True) == 1  # the CPU's one work-item per channel
+    assert dw_splits(3, 40, 1, 2, cpu=True) == 3  # three channels: split for two cores (+ dw_finalize)
     assert dw_splits(144, 14 * 56 * 32, 64, 132, cpu=False) == 8  # a 132-SM GPU: 8 per SM over 144 channels
     assert dw_splits(4, 10, 64, 132, cpu=False) == 1  # too little work to split
     assert dw_splits(1, 10**7, 64, 132, cpu=False) == 64  # capped
+
+
+# --- replayed launches on pyopencl arrays (Note [OpenCL replay] in portconv/backends/_cl_replay.py) ---------
+
+def _views(q, tensors, gap=3):
+    """pyopencl arrays viewing one buffer, each at its own (unaligned) element offset, like the bench's sets."""
+    import numpy as np
+    import pyopencl as cl
+    import pyopencl.array as cla
+
+    offsets, at = [], gap
+    for t in tensors:
+        offsets.append(at)
+        at += t.numel() + gap
+    host = np.zeros(at, np.dtype(str(tensors[0].dtype).removeprefix("torch.")))
+    for t, o in zip(tensors, offsets):
+        host[o:o + t.numel()] = t.contiguous().reshape(-1).numpy()
+    buf = cl.Buffer(q.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
+    item = host.dtype.itemsize
+    return [cla.Array(q, tuple(t.shape), host.dtype, data=buf, offset=o * item,
+                      strides=tuple(item * s for s in t.contiguous().stride())) for t, o in zip(tensors, offsets)]
+
+
+def _to_torch(a):
+    from portconv.bench.data import to_torch
+
+    return to_torch(a)
+
+
+@pytest.mark.parametrize("case", [
+    ("dw-3x3", (3, 13, 21), (3, 3), 1, 1, torch.float32, True),
+    ("dw-s2-nobias", (2, 9, 19), (3, 3), 2, 2, torch.float64, False),
+    ("dw-3d", (2, 4, 6, 11), (3, 3, 3), 1, 1, torch.float32, True),
+    ("dense-generic", None, None, None, None, torch.float32, True),
+], ids=lambda c: c[0])
+def test_replayed_calls_match_the_general_path(case):
+    """Second and later calls on pyopencl arrays replay the recorded launches: other offsets (views of one buffer),
+    every backward mask, the same bits as the general path and the same launch counts."""
+    import pyopencl as cl
+
+    _, shape, k, stride, mult, dtype, with_bias = case
+    if shape is None:
+        x, w, b, p = make(CASES[6], dtype, "contiguous")
+    else:
+        x, w, b, p = _dw_case(shape, k, stride, 1, mult, 2, dtype)
+    b = b if with_bias else None
+    dev = next(e[2] for e in rt.all_devices() if e[:2] == rt.default_index())
+    q = cl.CommandQueue(cl.Context([dev]))
+    go = torch.randn(p.output_shape(x.shape, w.shape), dtype=dtype)
+    ry, *refs = reference(x, w, b, p, go)
+    sets = [_views(q, [t for t in (x, w, b, go) if t is not None], gap=3 + i) for i in range(3)]
+    for s in sets:
+        if b is None:
+            s.insert(2, None)
+    xa, wa, ba, _ = sets[0]
+    plan = portconv.plan(xa, wa, ba, stride=p.stride, padding=p.padding, dilation=p.dilation, groups=p.groups,
+                         backend="opencl")
+    masks = [(True, False, False), (False, True, False), (True, True, True)]
+    first = None
+    for i, (xa, wa, ba, ga) in enumerate(sets * 2):
+        before = dict(rt.stats)
+        y = plan.forward(xa, wa, ba)
+        got = [plan.backward(ga, xa, wa, m) for m in masks]
+        launched = {n: rt.stats[n] - before.get(n, 0) for n in rt.stats
+                    if rt.stats[n] - before.get(n, 0) and n != "programs_built"}
+        outs = [_to_torch(y)] + [None if o is None else _to_torch(o) for r in got for o in r]
+        if first is None:
+            first, first_launched = outs, launched
+            assert ("opencl-replay", "fwd") in plan.state
+        else:
+            assert launched == first_launched, i
+            for a, r in zip(outs, first):
+                assert (a is None) == (r is None) and (a is None or torch.equal(a, r)), i
+    check(first[0], ry, dtype, "output")
+    check(first[1], refs[0], dtype, "grad_input")
+    check(first[5], refs[1], dtype, "grad_weight")
+    if b is not None:
+        check(first[9], refs[2], dtype, "grad_bias")
+    assert all(r is not None for r in plan.state[("opencl-replay", "fwd")])
+
+
+def test_replay_split_reduction_poison_and_fallbacks(monkeypatch):
+    """The replay of a split grad-weight (scratch + dw_finalize) under PORTCONV_POISON, and calls it does not take:
+    torch tensors, other strides and forced 64-bit indices run the general path and stay correct."""
+    import pyopencl as cl
+    import pyopencl.array as cla
+
+    from portconv.backends import opencl as ob
+
+    monkeypatch.setattr(ob, "dw_splits", lambda *a: 3)
+    x, w, b, p = _dw_case((3, 10, 17), (3, 3), n=2)
+    dev = next(e[2] for e in rt.all_devices() if e[:2] == rt.default_index())
+    q = cl.CommandQueue(cl.Context([dev]))
+    go = torch.randn(p.output_shape(x.shape, w.shape))
+    _, _, rgw, _ = reference(x, w, b, p, go)
+    xa, wa, ba, ga = _views(q, [x, w, b, go])
+    plan = portconv.plan(xa, wa, ba, stride=p.stride, padding=p.padding, groups=p.groups, backend="opencl")
+    mask = (False, True, False)
+    for _ in range(3):
+        before = rt.stats["dw_finalize"]
+        check(_to_torch(plan.backward(ga, xa, wa, mask)[1]), rgw, torch.float32, "grad_weight")
+        assert rt.stats["dw_finalize"] == before + 1
+    assert len(plan.state[("opencl-replay", mask)]) == 1
+    # grad_output with other strides (a transposed copy viewed back): not the recorded signature
+    gt = cla.to_device(q, go.transpose(2, 3).contiguous().numpy()).transpose((0, 1, 3, 2))
+    check(_to_torch(plan.backward(gt, xa, wa, mask)[1]), rgw, torch.float32, "grad_weight (other strides)")
+    monkeypatch.setattr(rt, "force_idx64", True)
+    check(_to_torch(plan.backward(ga, xa, wa, mask)[1]), rgw, torch.float32, "grad_weight (idx64)")
+    monkeypatch.setattr(rt, "force_idx64", False)
+    assert len(plan.state[("opencl-replay", mask)]) <= 4  # bounded: at most MAX_REPLAYS recordings
+
+
+def test_replay_waits_for_the_arrays_events():
+    """An input written by a command still queued on another queue: the replayed launch waits for its event."""
+    import numpy as np
+    import pyopencl as cl
+    import pyopencl.array as cla
+
+    x, w, b, p = _dw_case((4, 12, 16), (3, 3), n=1)
+    dev = next(e[2] for e in rt.all_devices() if e[:2] == rt.default_index())
+    ctx = cl.Context([dev])
+    q1, q2 = cl.CommandQueue(ctx), cl.CommandQueue(ctx)
+    xa, wa, ba = (cla.to_device(q1, t.numpy()) for t in (x, w, b))
+    plan = portconv.plan(xa, wa, ba, stride=1, padding=1, groups=4, backend="opencl")
+    plan.forward(xa, wa, ba)
+    q1.finish()
+    x2 = torch.randn(x.shape)
+    xb = cla.empty(q2, x.shape, np.float32)
+    gate = cl.UserEvent(ctx)
+    xb.add_event(cl.enqueue_copy(q2, xb.base_data, x2.numpy(), wait_for=[gate], is_blocking=False))
+    xb = xb.with_queue(q1)
+    y = plan.forward(xb, wa, ba)
+    gate.set_status(cl.command_execution_status.COMPLETE)
+    check(_to_torch(y), reference(x2, w, b, p, None)[0], torch.float32, "output after the copy")

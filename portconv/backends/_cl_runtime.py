@@ -18,7 +18,7 @@ _DEFINES = {"float32": "DTYPE_F32", "float64": "DTYPE_F64", "float16": "DTYPE_F1
 _NAN_BITS = {"float32": ("uint32", 0x7FC00000), "float64": ("uint64", 0x7FF8000000000000),
              "float16": ("uint16", 0x7E00), "bfloat16": ("uint16", 0x7FC0)}
 _ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2}
-_INT32_MAX = 2**31 - 1
+_INT32_MAX = INT32_MAX = 2**31 - 1
 
 # Counters the tests read: how many programs were built and how often each kernel was launched.
 stats: collections.Counter = collections.Counter()
@@ -173,6 +173,9 @@ class Desc:
     idx64: bool = False
     acc_bytes: int = 4
 
+    # Positions of the tensor offsets in pack()'s array (the replayed launches patch them per call).
+    OFFSET_INDEX = {"xo": 37, "wo": 38, "yo": 39, "bo": 40}
+
     def pack(self):
         import numpy as np
 
@@ -192,6 +195,7 @@ class DevTensor:
     shape: tuple[int, ...]
     strides: tuple[int, ...]
     host: object = None  # the pyopencl Array or torch tensor the result becomes
+    role: object = None  # what a recorded launch binds it to (Note [OpenCL replay]): call argument i, ("out", k)
 
     @property
     def span(self) -> int:
@@ -315,11 +319,15 @@ class Runtime:
             buf = arr.base_data if numel else self.dummy()
             out = DevTensor(buf, 0, tuple(shape), tuple(strides), arr)
         if knobs.poison() and numel:
-            import numpy as np
-
-            kind, bits = _NAN_BITS[dtype]
-            self.cl.enqueue_fill_buffer(queue, buf, np.array([bits], dtype=kind), 0, numel * _ITEMSIZE[dtype])
+            self.poison(queue, buf, dtype, numel)
         return out
+
+    def poison(self, queue, buf, dtype: str, numel: int) -> None:
+        """Fill ``numel`` elements of ``buf`` with NaN (PORTCONV_POISON: results must be fully written)."""
+        import numpy as np
+
+        kind, bits = _NAN_BITS[dtype]
+        self.cl.enqueue_fill_buffer(queue, buf, np.array([bits], dtype=kind), 0, numel * _ITEMSIZE[dtype])
 
     def result(self, out: DevTensor, dtype: str, like, queue, event):
         """The output in the caller's type: a torch tensor (downloaded) or the pyopencl Array itself."""
@@ -336,30 +344,15 @@ class Runtime:
         return t
 
     # launches ------------------------------------------------------------------------------------------
-    def launch(self, queue, kernel_entry, name: str, desc, args, total: int, local: int | None, wait_for=None):
-        """Run one kernel: ``total`` work-items (local=None) or ``total`` work-groups of ``local`` items."""
-        knl, wg_max = kernel_entry
-        if local is None:
-            ls = max(1, min(64, wg_max))
-            gs = -(-total // ls) * ls
-        else:
-            ls = _pow2_floor(min(local, wg_max))
-            gs = total * ls
-            args = tuple(args) + (self.cl.LocalMemory(ls * desc.acc_bytes),)
-        with self.lock:
-            knl.set_args(desc.pack(), *args)
-            evt = self.cl.enqueue_nd_range_kernel(queue, knl, (gs,), (ls,), wait_for=wait_for or None)
-        stats[name] += 1
-        return evt
-
-
     def launch_nd(self, queue, kernel_entry, name: str, desc, args, gsize, lsize, local_bytes=0, wait_for=None):
         """Run one kernel on an N-D range: ``gsize`` work-items per dimension, rounded up to ``lsize``
-        (the kernels return early past their extents); ``local_bytes`` of local memory as the last argument."""
+        (the kernels return early past their extents); ``local_bytes`` of local memory as the last argument.
+        ``args`` are buffers or DevTensors (their buffer)."""
         knl, _ = kernel_entry
         gs = tuple(-(-g // l) * l for g, l in zip(gsize, lsize))
+        args = tuple(a.buf if type(a) is DevTensor else a for a in args)
         if local_bytes:
-            args = tuple(args) + (self.cl.LocalMemory(local_bytes),)
+            args += (self.cl.LocalMemory(local_bytes),)
         with self.lock:
             knl.set_args(desc.pack(), *args)
             evt = self.cl.enqueue_nd_range_kernel(queue, knl, gs, tuple(lsize), wait_for=wait_for or None)
@@ -371,7 +364,7 @@ class Runtime:
         return self.pool.allocate(max(nbytes, 16))
 
 
-def _pow2_floor(v: int) -> int:
+def pow2_floor(v: int) -> int:
     p = 1
     while p * 2 <= v:
         p *= 2

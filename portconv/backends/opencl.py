@@ -10,6 +10,7 @@ from ..device import Availability, DeviceInfo
 from ..errors import Unsupported
 from ..tensors import FLOATING, dense_strides, spec_of
 from . import Backend, BackendId, Choice, Problem
+from . import _cl_replay as replay
 from . import _cl_runtime as rt
 
 _CHANNELS_LAST = {4: "channels_last", 5: "channels_last_3d"}
@@ -140,10 +141,17 @@ def dw_spec(problem: Problem, geo: Geometry, fmt: str, cpu: bool) -> tuple[DwSpe
     if why:
         return None, why
     # CPU (PoCL): one AVX2 register of outputs per work-item, small work-groups (work-items run one after
-    # the other inside a group); GPU: 4 outputs per work-item, 128-item groups, 64-item reductions.
+    # the other inside a group) that fit the grid: up to 4 W blocks x 4 row blocks, filled up to 8 work-items
+    # with planes when the image is narrower (a 7x7 image is one work-item per plane: 8 planes per group, not
+    # 16 work-items of which 15 return at once; measured 50-100 us against 130-200 us on mbv2-dw3x3-last);
+    # the grad-weight runs one work-item per (channel, split), walking its rows in order (no local tree:
+    # notes-opencl.md v7). GPU: 4 outputs per work-item, 128-item groups, 64-item reductions.
     if cpu:
         vw = 8 if problem.dtype == "float32" else 4
-        return DwSpec(vw, 4, (4, 4, 1), 16, geo.K, geo.S, nb=2, cpu=True), ""
+        rows = 4 * 2  # rb * nb
+        lx = min(4, -(-min(geo.Y[2], geo.X[2]) // vw))
+        ly = min(4, -(-min(geo.Y[1], geo.X[1]) // rows))
+        return DwSpec(vw, 4, (lx, ly, max(1, 8 // (lx * ly))), 1, geo.K, geo.S, nb=2, cpu=True), ""
     return DwSpec(4, 2, (16, 8, 1), 64, geo.K, geo.S), ""
 
 
@@ -168,8 +176,9 @@ def _dtype_name(x) -> str:
 class _Call:
     """One forward or backward call: the runtime, queue, dtype and the kernels' common descriptor."""
 
-    def __init__(self, plan, anchor):
+    def __init__(self, plan, anchor, rec=None):
         self.plan = plan
+        self.rec = rec  # a _cl_replay.Recorder while the call is recorded (Note [OpenCL replay])
         self.problem: Problem = plan.problem
         self.dtype = self.problem.dtype
         self.geo = geometry(self.problem)
@@ -181,20 +190,29 @@ class _Call:
             self.rt = rt.runtime_for_array(anchor)
             self.queue = anchor.queue or self.rt.queue
         self.wait_for = []
+        self.scratches = 0
         self.c_inner = int(plan.memory_format != "contiguous")
         self.dw = dw_spec(self.problem, self.geo, plan.memory_format, self.rt.is_cpu)[0]
 
-    def up(self, x) -> rt.DevTensor:
+    def up(self, x, role: int) -> rt.DevTensor:
+        """Call argument number ``role`` (forward: input, weight, bias; backward: grad_output, input, weight)."""
         dtype = _dtype_name(x)
         if dtype != self.dtype:  # the kernels read every tensor as the plan's dtype
             raise ValueError(f"the OpenCL backend needs one dtype for all tensors: got {dtype} with {self.dtype}")
         if not _is_torch(x):
             self.wait_for += list(x.events)
-        return self.rt.upload(x, self.queue)
+        t = self.rt.upload(x, self.queue)
+        t.role = role
+        return t
 
-    def out(self, shape, dense: bool = False) -> rt.DevTensor:
+    def out(self, shape, position: int, dense: bool = False) -> rt.DevTensor:
+        """A result, returned at ``position`` (forward: 0; backward: 0 grad_input, 1 grad_weight, 2 grad_bias)."""
         fmt = "contiguous" if dense else self.plan.memory_format
-        return self.rt.empty(shape, dense_strides(shape, fmt), self.dtype, self.anchor, self.queue)
+        t = self.rt.empty(shape, dense_strides(shape, fmt), self.dtype, self.anchor, self.queue)
+        t.role = ("out", position)
+        if self.rec is not None:
+            self.rec.output(t, position)
+        return t
 
     def finish(self, out: rt.DevTensor, event):
         return self.rt.result(out, self.dtype, self.anchor, self.queue, event)
@@ -203,18 +221,30 @@ class _Call:
         return rt.Desc(geo or self.geo, total=total, acc_bytes=8 if self.dtype == "float64" else 4, **kw)
 
     def _run(self, name, desc, tensors, args, local=None):
+        """A generic kernel (conv.cl): ``desc.total`` work-items (local=None), or ``desc.total`` work-groups of
+        ``local`` items reducing through local memory."""
         if desc.total == 0:
             return None
         groups = desc.total * (local or 1)
         desc.idx64 = rt.force_idx64 or not rt.index_fits_int32(groups + 64, *(t.span for t in tensors))
         entry = self.rt.kernel(self.dtype, desc.idx64, self.geo.depthwise, name)
-        return self.rt.launch(self.queue, entry, name, desc, args, desc.total, local, self.wait_for)
+        if local is None:
+            ls = max(1, min(64, entry[1]))
+            return self._launch(entry, name, desc, args, (-(-desc.total // ls) * ls,), (ls,))
+        ls = rt.pow2_floor(min(local, entry[1]))
+        return self._launch(entry, name, desc, args, (desc.total * ls,), (ls,), ls * desc.acc_bytes)
+
+    def _launch(self, entry, name, desc, args, gsize, lsize, local_bytes=0):
+        if self.rec is not None:
+            self.rec.step(self.rt, entry, name, desc, args, gsize, lsize, local_bytes)
+        return self.rt.launch_nd(self.queue, entry, name, desc, args, gsize, lsize, local_bytes, self.wait_for)
 
     def _bias(self, b):
+        """The bias argument of fwd/bwd_data (call argument 2, or the dummy buffer) and its descriptor fields."""
         if b is None:
             return self.rt.dummy(), dict(has_bias=0)
-        bt = self.up(b)
-        return bt.buf, dict(has_bias=1, bo=bt.offset, bs=bt.strides[0])
+        bt = self.up(b, 2)
+        return bt, dict(has_bias=1, bo=bt.offset, bs=bt.strides[0])
 
     def _dw_ok(self, *tensors: rt.DevTensor) -> bool:
         """The depthwise kernels run when the plan chose them and x and y rows are contiguous along W."""
@@ -224,8 +254,7 @@ class _Call:
         groups = math.prod(-(-g // l) * l for g, l in zip(gsize, lsize))
         desc.idx64 = rt.force_idx64 or not rt.index_fits_int32(groups + 64, *(t.span for t in tensors))
         entry = self.rt.dw_kernel(self.dtype, desc.idx64, self.dw.defines, name)
-        return self.rt.launch_nd(self.queue, entry, "dw_" + name, desc, args, gsize, lsize, local_bytes,
-                                 self.wait_for)
+        return self._launch(entry, "dw_" + name, desc, args, gsize, lsize, local_bytes)
 
     def fwd(self, x: rt.DevTensor, w: rt.DevTensor, y: rt.DevTensor, bias=None):
         """y = conv(x, w) (+ bias per y channel)."""
@@ -235,11 +264,11 @@ class _Call:
         if self._dw_ok(x, y) and math.prod(y.shape):
             planes = g.N * g.G * g.CY * g.Y[0]
             d = self._desc(planes, xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset, **bkw)
-            return self._dw_run("fwd", d, (x, w, y), (x.buf, w.buf, bbuf, y.buf),
+            return self._dw_run("fwd", d, (x, w, y), (x, w, bbuf, y),
                                 (*self.dw.grid(g.Y), planes), self.dw.local)
         d = self._desc(math.prod(y.shape), xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset,
                        c_inner=self.c_inner, **bkw)
-        return self._run("fwd", d, (x, w, y), (x.buf, w.buf, bbuf, y.buf))
+        return self._run("fwd", d, (x, w, y), (x, w, bbuf, y))
 
     def bwd_data(self, y: rt.DevTensor, w: rt.DevTensor, x: rt.DevTensor, bias=None):
         """x = conv^T(y, w) (+ bias per x channel): grad_input, or the transposed forward."""
@@ -249,11 +278,11 @@ class _Call:
         if bias is None and self._dw_ok(x, y) and math.prod(x.shape):
             planes = g.N * g.G * g.X[0]
             d = self._desc(planes, xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset)
-            return self._dw_run("bwd_data", d, (x, w, y), (y.buf, w.buf, bbuf, x.buf),
+            return self._dw_run("bwd_data", d, (x, w, y), (y, w, bbuf, x),
                                 (*self.dw.grid(g.X), planes), self.dw.local)
         d = self._desc(math.prod(x.shape), xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset,
                        c_inner=self.c_inner, **bkw)
-        return self._run("bwd_data", d, (x, w, y), (y.buf, w.buf, bbuf, x.buf))
+        return self._run("bwd_data", d, (x, w, y), (y, w, bbuf, x))
 
     def bwd_weight(self, x: rt.DevTensor, y: rt.DevTensor, w: rt.DevTensor):
         """w = sum over N and y positions of y * x (one work-group per weight element)."""
@@ -262,26 +291,31 @@ class _Call:
             return self._dw_bwd_weight(x, y, w, xs, ws, ys)
         d = self._desc(math.prod(w.shape), xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset,
                        c_inner=self.c_inner)
-        return self._run("bwd_weight", d, (x, w, y), (x.buf, y.buf, w.buf), _group_size(self.geo.reduction))
+        return self._run("bwd_weight", d, (x, w, y), (x, y, w), _group_size(self.geo.reduction))
 
     def _dw_bwd_weight(self, x, y, w, xs, ws, ys):
         """Depthwise grad-weight: work-groups per (split, channel), partials added by dw_finalize when split."""
         g, spec = self.geo, self.dw
         co_n = g.G * g.CY
         L = spec.red_local
-        items = g.N * g.Y[0] * g.Y[1] * -(-g.Y[2] // spec.vw)
+        items = g.N * g.Y[0] * -(-g.Y[1] // spec.rb) * -(-g.Y[2] // spec.vw)  # (blocks of rb rows) x W blocks
         splits = dw_splits(co_n, items, L, self.rt.device.max_compute_units, self.rt.is_cpu)
         per = -(-items // splits) if items else 0
         acc = 8 if self.dtype == "float64" else 4
-        part = self.rt.scratch(co_n * splits * spec.taps * acc) if splits > 1 else self.rt.dummy()
+        part = self._scratch(co_n * splits * spec.taps * acc) if splits > 1 else self.rt.dummy()
         d = self._desc(co_n * splits, xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset, red=per)
-        evt = self._dw_run("bwd_weight", d, (x, w, y), (x.buf, y.buf, w.buf, part), (L * splits, co_n), (L, 1),
+        evt = self._dw_run("bwd_weight", d, (x, w, y), (x, y, w, part), (L * splits, co_n), (L, 1),
                            spec.taps * L * acc)
         if splits == 1:
             return evt
         d = self._desc(co_n * spec.taps, ws=ws, wo=w.offset, red=splits)
-        return self._dw_run("finalize", d, (w,), (part, w.buf), (co_n * spec.taps,),
+        return self._dw_run("finalize", d, (w,), (part, w), (co_n * spec.taps,),
                             (16 if self.rt.is_cpu else 64,))
+
+    def _scratch(self, nbytes: int) -> rt.DevTensor:
+        """Intermediate results of one call (from the pool; a recorded call allocates them again each time)."""
+        self.scratches += 1
+        return rt.DevTensor(self.rt.scratch(nbytes), 0, (nbytes,), (1,), role=("scratch", self.scratches, nbytes))
 
     def bias_grad(self, t: rt.DevTensor, b: rt.DevTensor):
         """b[c] = sum of t[:, c] (one work-group per channel)."""
@@ -289,7 +323,7 @@ class _Call:
         red = shape[0] * math.prod(shape[2:])
         geo = dataclasses.replace(self.geo, N=shape[0], G=1, CY=shape[1], Y=tuple(shape[2:]))
         d = self._desc(shape[1], geo, ys=strides, yo=t.offset, bo=b.offset, bs=b.strides[0], red=red)
-        return self._run("bias_grad", d, (t, b), (t.buf, b.buf), _group_size(red))
+        return self._run("bias_grad", d, (t, b), (t, b), _group_size(red))
 
 
 def dw_splits(channels: int, items: int, local: int, compute_units: int, cpu: bool) -> int:
@@ -349,14 +383,20 @@ class OpenCLBackend(Backend):
         return [rt.info(p, d) for p, d, _ in rt.all_devices()]
 
     def forward(self, plan, input, weight, bias):
-        call = _Call(plan, input)
-        x, w = call.up(input), call.up(weight)
-        out = call.out(plan.problem.output_shape)
+        args = (input, weight, bias)
+        got, rec = replay.run(plan, "fwd", args)
+        if got is not None:
+            return got
+        call = _Call(plan, input, rec)
+        x, w = call.up(input, 0), call.up(weight, 1)
+        out = call.out(plan.problem.output_shape, 0)
         if plan.problem.params.transposed:  # Note [canonical convolution]: the transposed forward is bwd-data
             evt = call.bwd_data(x, w, out, bias)
         else:
             evt = call.fwd(x, w, out, bias)
-        return call.finish(out, evt)
+        result = call.finish(out, evt)
+        replay.keep(plan, "fwd", args, rec, call)
+        return result
 
     def backward(self, plan, grad_output, input, weight, output_mask):
         need_i, need_w, need_b = output_mask
@@ -366,23 +406,28 @@ class OpenCLBackend(Backend):
         if tuple(grad_output.shape) != tuple(problem.output_shape):
             raise ValueError(f"grad_output has shape {list(grad_output.shape)}, expected "
                              f"{list(problem.output_shape)}")
-        call = _Call(plan, input)
-        go = call.up(grad_output)
+        args = (grad_output, input, weight)
+        got, rec = replay.run(plan, output_mask, args)
+        if got is not None:
+            return got
+        call = _Call(plan, input, rec)
+        go = call.up(grad_output, 0)
         transposed = problem.params.transposed
         gi = gw = gb = None
         if need_i:
-            w = call.up(weight)
-            out = call.out(problem.input.shape)
+            w = call.up(weight, 2)
+            out = call.out(problem.input.shape, 0)
             evt = call.fwd(go, w, out) if transposed else call.bwd_data(go, w, out)
             gi = call.finish(out, evt)
         if need_w:
-            x = call.up(input)
-            out = call.out(problem.weight.shape)
+            x = call.up(input, 1)
+            out = call.out(problem.weight.shape, 1)
             evt = call.bwd_weight(go, x, out) if transposed else call.bwd_weight(x, go, out)
             gw = call.finish(out, evt)
         if need_b:
-            out = call.out((problem.output_shape[1],), dense=True)
+            out = call.out((problem.output_shape[1],), 2, dense=True)
             gb = call.finish(out, call.bias_grad(go, out))
+        replay.keep(plan, output_mask, args, rec, call)
         return gi, gw, gb
 
 
