@@ -92,6 +92,44 @@ PC_DEVICE void pc_dwt_row(pc_acc_t (&r)[WIN][VC], const pc_t *PC_RESTRICT src, p
     }
 }
 
+/* Rolling window, before tile row t: row[3 - S .. 2] <- source rows b1 + S * t + (3 - S .. 2) (the first 3 - S
+ * rows are loaded before the walk, with t = 0 and q from 0). */
+template <int S, int VC, int NR, int WIN>
+PC_DEVICE void pc_dwt_roll_in(pc_acc_t (&row)[NR][WIN][VC], int q0, const pc_t *PC_RESTRICT src, pc_idx rb,
+                              pc_idx b1, int t, pc_idx E1, pc_idx ss3, pc_idx b2, pc_idx E2, pc_idx ss4) {
+#pragma unroll
+    for (int q = 0; q < 3; ++q) {
+        if (q < q0) continue;
+        const pc_idx i1 = b1 + S * t + q;
+        pc_dwt_row<VC, WIN>(row[q], src, rb + i1 * ss3, i1 >= 0 && i1 < E1, b2, E2, ss4);
+    }
+}
+
+/* Rolling window, after a tile row: row[0 .. 2 - S] <- row[S .. 2]. */
+template <int S, int VC, int NR, int WIN>
+PC_DEVICE void pc_dwt_roll_on(pc_acc_t (&row)[NR][WIN][VC]) {
+#pragma unroll
+    for (int q = 0; q < 3 - S; ++q)
+#pragma unroll
+        for (int u = 0; u < WIN; ++u)
+#pragma unroll
+            for (int j = 0; j < VC; ++j) row[q][u][j] = row[q + S][u][j];
+}
+
+/* Weight-gradient taps of one dY row g against the window rows rr .. rr + 2: acc[(r0, r1, r2)] += g * x. */
+template <int S, int VC, int VW, int NR, int WIN, int TAPS>
+PC_DEVICE void pc_dwt_wacc(pc_acc_t (&acc)[TAPS][VC], int r0, const pc_acc_t (&g)[VW][VC],
+                           const pc_acc_t (&row)[NR][WIN][VC], int rr) {
+#pragma unroll
+    for (int r1 = 0; r1 < 3; ++r1)
+#pragma unroll
+        for (int r2 = 0; r2 < 3; ++r2)
+#pragma unroll
+            for (int v = 0; v < VW; ++v)
+#pragma unroll
+                for (int j = 0; j < VC; ++j) acc[(r0 * 3 + r1) * 3 + r2][j] += g[v][j] * row[rr + r1][v * S + r2][j];
+}
+
 /* Store one output row of a tile (VW positions of VC channels, bias added; positions past D2 skipped). */
 template <int VC, int VW>
 PC_DEVICE void pc_dwt_store(pc_t *PC_RESTRICT dst, pc_idx o, pc_idx ds4, pc_idx left, const pc_acc_t (&acc)[VW][VC],
@@ -177,18 +215,14 @@ PC_DEVICE void pc_dwt_conv(const pc_conv_args &a) {
             constexpr int NR = PF ? TH + 2 : 3;
             pc_acc_t row[NR][WIN][VC];
 #pragma unroll
-            for (int q = 0; q < (PF ? NR : 3 - S); ++q) {
+            for (int q = 0; q < (PF ? NR : 0); ++q) {
                 const pc_idx i1 = b1 + q;
                 pc_dwt_row<VC, WIN>(row[q], src, rb + i1 * ss3, i1 >= 0 && i1 < E1, b2, E2, ss4);
             }
+            if (!PF) pc_dwt_roll_in<S>(row, 0, src, rb, b1, 0, E1, ss3, b2, E2, ss4);
 #pragma unroll
             for (int t = 0; t < TH; ++t) {
-#pragma unroll
-                for (int q = 3 - S; q < 3; ++q) {
-                    if (PF) break;
-                    const pc_idx i1 = b1 + S * t + q;
-                    pc_dwt_row<VC, WIN>(row[q], src, rb + i1 * ss3, i1 >= 0 && i1 < E1, b2, E2, ss4);
-                }
+                if (!PF && t > 0) pc_dwt_roll_in<S>(row, 3 - S, src, rb, b1, t, E1, ss3, b2, E2, ss4);
                 const int ta = ONE0 ? 0 : t, rr = PF ? t : 0;
 #pragma unroll
                 for (int r1 = 0; r1 < 3; ++r1)
@@ -207,13 +241,7 @@ PC_DEVICE void pc_dwt_conv(const pc_conv_args &a) {
 #pragma unroll
                         for (int j = 0; j < VC; ++j) acc[0][v][j] = 0;
                 }
-#pragma unroll
-                for (int q = 0; q < 3 - S; ++q)
-#pragma unroll
-                    for (int u = 0; u < WIN; ++u)
-#pragma unroll
-                        for (int j = 0; j < VC; ++j)
-                            if (!PF) row[q][u][j] = row[q + S][u][j];
+                if (!PF) pc_dwt_roll_on<S>(row);
             }
         }
         if (!ONE0 || !any) { /* ONE0 with its one tap outside the input: the tile is bias only */
@@ -288,34 +316,13 @@ PC_DEVICE void pc_dwt_bwd_weight(const pc_conv_args &a) {
                 if (ROLL) { /* a rolling 3-row window of X down the TH rows of the unit */
                     pc_acc_t row[3][WIN][VC];
                     pc_acc_t g[VW][VC];
-#pragma unroll
-                    for (int q = 0; q < 3 - S; ++q) {
-                        const pc_idx i1 = b1 + q;
-                        pc_dwt_row<VC, WIN>(row[q], x, rb + i1 * (pc_idx)a.xs[3], i1 >= 0 && i1 < X1, b2, X2, xs4);
-                    }
+                    const pc_idx xs3 = (pc_idx)a.xs[3];
+                    pc_dwt_roll_in<S>(row, 0, x, rb, b1, 0, X1, xs3, b2, X2, xs4);
                     for (int t = 0; t < TH && o1s + t < Y1; ++t) {
-#pragma unroll
-                        for (int q = 3 - S; q < 3; ++q) {
-                            const pc_idx i1 = b1 + S * t + q;
-                            pc_dwt_row<VC, WIN>(row[q], x, rb + i1 * (pc_idx)a.xs[3], i1 >= 0 && i1 < X1, b2, X2,
-                                                xs4);
-                        }
+                        if (t > 0) pc_dwt_roll_in<S>(row, 3 - S, x, rb, b1, t, X1, xs3, b2, X2, xs4);
                         pc_dwt_row<VC, VW>(g, dy, gb + (o1s + t) * (pc_idx)a.ys[3], true, o2s, Y2, ys4);
-#pragma unroll
-                        for (int r1 = 0; r1 < 3; ++r1)
-#pragma unroll
-                            for (int r2 = 0; r2 < 3; ++r2)
-#pragma unroll
-                                for (int v = 0; v < VW; ++v)
-#pragma unroll
-                                    for (int j = 0; j < VC; ++j)
-                                        acc[(r0 * 3 + r1) * 3 + r2][j] += g[v][j] * row[r1][v * S + r2][j];
-#pragma unroll
-                        for (int q = 0; q < 3 - S; ++q)
-#pragma unroll
-                            for (int u = 0; u < WIN; ++u)
-#pragma unroll
-                                for (int j = 0; j < VC; ++j) row[q][u][j] = row[q + S][u][j];
+                        pc_dwt_wacc<S>(acc, r0, g, row, 0);
+                        pc_dwt_roll_on<S>(row);
                     }
                     continue;
                 }
@@ -331,16 +338,7 @@ PC_DEVICE void pc_dwt_bwd_weight(const pc_conv_args &a) {
                 for (int t = 0; t < TH; ++t)
                     pc_dwt_row<VC, VW>(g[t], dy, gb + (o1s + t) * (pc_idx)a.ys[3], o1s + t < Y1, o2s, Y2, ys4);
 #pragma unroll
-                for (int t = 0; t < TH; ++t)
-#pragma unroll
-                    for (int r1 = 0; r1 < 3; ++r1)
-#pragma unroll
-                        for (int r2 = 0; r2 < 3; ++r2)
-#pragma unroll
-                            for (int v = 0; v < VW; ++v)
-#pragma unroll
-                                for (int j = 0; j < VC; ++j)
-                                    acc[(r0 * 3 + r1) * 3 + r2][j] += g[t][v][j] * row[S * t + r1][v * S + r2][j];
+                for (int t = 0; t < TH; ++t) pc_dwt_wacc<S>(acc, r0, g[t], row, S * t);
             }
         }
         /* The position groups' partials, summed in a fixed order: per round every thread parks RT of its TAPS x VC
