@@ -42,7 +42,7 @@ fi
 if has sanitize; then
   ( for tool in memcheck racecheck; do
       timeout 200 compute-sanitizer --tool $tool --print-limit 20 python3 scripts/gpu/sweep.py --no-time --no-cudnn \
-        --cases dense3x3,grouped,dw3x3,conv1d-same,tconv-op --dtypes float32,float16 > "$R/sanitize-$tool.txt" 2>&1
+        --cases dense3x3,grouped,dw3x3,dw3x3-cl,dw3x3-s2-cl,conv1d-same,tconv-op --dtypes float32,float16 > "$R/sanitize-$tool.txt" 2>&1
       echo "rc=$?" >> "$R/sanitize-$tool.txt"
     done ) & pids+=($!)
 fi

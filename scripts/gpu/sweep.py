@@ -31,6 +31,7 @@ CASES = [  # name, input shape, weight shape, conv kwargs, layout
     ("grouped", (2, 32, 14, 14), (64, 8, 3, 3), dict(groups=4, padding=1), "contig"),
     ("grouped-cl", (2, 12, 10, 10), (12, 4, 3, 3), dict(groups=3, stride=2), "chlast"),
     ("dw3x3", (4, 64, 28, 28), (64, 1, 3, 3), dict(groups=64, padding=1), "contig"),
+    ("dw3x3-cl", (2, 48, 20, 21), (48, 1, 3, 3), dict(groups=48, padding=1), "chlast"),
     ("dw3x3-s2-cl", (2, 48, 29, 29), (48, 1, 3, 3), dict(groups=48, padding=1, stride=2), "chlast"),
     ("dw5x5-m2", (2, 16, 19, 19), (32, 1, 5, 5), dict(groups=16, padding=2), "contig"),
     ("dw7x7-dil", (1, 8, 30, 30), (8, 1, 7, 7), dict(groups=8, padding=6, dilation=2), "strided"),
