@@ -14,20 +14,27 @@
  * Defines (host, one program per set): DTYPE_F32 | DTYPE_F64, optional IDX64, DW_VW (4 or 8), DW_RB (rows
  * computed together by one work-item of dw_fwd/dw_bwd_data), DW_NB (such row blocks per work-item),
  * DW_K0, DW_K1, DW_K2, DW_S0, DW_S1, DW_S2 (each stride 1 or 2); DW_VB (optional): which kernels load border
- * vectors whole (Note [border loads]): bit 0 forward, 1 backward-data, 2 backward-weight; default 5, as measured
- * on PoCL (docs/performance/notes-opencl.md v7).
+ * vectors whole (Note [border loads]): bit 0 forward, 1 backward-data, 2 backward-weight; default 5 in 2-D, 4 in 3-D,
+ * as measured on PoCL (docs/performance/notes-opencl.md v7).
  */
 #include "common.h"
 
+/* TNAME: the arithmetic type (CT, and its vectors VT/HT); T (common.h) is the storage type. bfloat16 is stored
+ * as ushort and computed in float: vector loads widen by << 16, stores round to nearest even (common.h's
+ * bf16_round, lane-wise), so the kernels' arithmetic is the float32 kernels'. */
 #if defined(DTYPE_F32)
 #define TNAME float
 #define INAME int
 #elif defined(DTYPE_F64)
 #define TNAME double
 #define INAME long
+#elif defined(DTYPE_BF16)
+#define TNAME float
+#define INAME int
 #else
-#error "portconv: the depthwise kernels take float32 and float64 (ACC == T)"
+#error "portconv: the depthwise kernels take float32, float64 and bfloat16"
 #endif
+#define CT TNAME
 
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
@@ -65,16 +72,32 @@
 #define L8(p) L4(p), L4((p) + 4)
 #define VLOADP(p) ((VT)(CAT(L, DW_VW)(p)))
 #define HLOADP(p) ((HT)(CAT(L, DW_HW)(p)))
-#ifdef DW_CPU
-typedef VT __attribute__((aligned(sizeof(T)))) vt_unaligned;
-typedef HT __attribute__((aligned(sizeof(T)))) ht_unaligned;
-#define VLOAD(p) (*(__global const vt_unaligned *)(p))
-#define HLOAD(p) (*(__global const ht_unaligned *)(p))
-#define VSTORE(v, p) (*(__global vt_unaligned *)(p) = (v))
+#ifdef DTYPE_BF16
+#define SVT CAT(ushort, DW_VW)  /* stored vectors */
+#define SHT CAT(ushort, DW_HW)
+#define WIDEN_V(u) CAT(as_float, DW_VW)(CAT(convert_uint, DW_VW)(u) << 16)
+#define WIDEN_H(u) CAT(as_float, DW_HW)(CAT(convert_uint, DW_HW)(u) << 16)
+#define VU CAT(uint, DW_VW)
+/* common.h's bf16_round per lane: nearest even, NaN -> 0x7fc0 */
+#define NARROW_V(v) CAT(convert_ushort, DW_VW)((CAT(as_uint, DW_VW)(isnan(v)) & (VU)0x7fc0u) | \
+    (~CAT(as_uint, DW_VW)(isnan(v)) & ((CAT(as_uint, DW_VW)(v) + (VU)0x7fffu + ((CAT(as_uint, DW_VW)(v) >> 16) & (VU)1u)) >> 16)))
 #else
-#define VLOAD(p) CAT(vload, DW_VW)(0, (p))
-#define HLOAD(p) CAT(vload, DW_HW)(0, (p))
-#define VSTORE(v, p) CAT(vstore, DW_VW)((v), 0, (p))
+#define SVT VT
+#define SHT HT
+#define WIDEN_V(u) (u)
+#define WIDEN_H(u) (u)
+#define NARROW_V(v) (v)
+#endif
+#ifdef DW_CPU
+typedef SVT __attribute__((aligned(sizeof(T)))) vt_unaligned;
+typedef SHT __attribute__((aligned(sizeof(T)))) ht_unaligned;
+#define VLOAD(p) WIDEN_V(*(__global const vt_unaligned *)(p))
+#define HLOAD(p) WIDEN_H(*(__global const ht_unaligned *)(p))
+#define VSTORE(v, p) (*(__global vt_unaligned *)(p) = NARROW_V(v))
+#else
+#define VLOAD(p) WIDEN_V(CAT(vload, DW_VW)(0, (p)))
+#define HLOAD(p) WIDEN_H(CAT(vload, DW_HW)(0, (p)))
+#define VSTORE(v, p) CAT(vstore, DW_VW)(NARROW_V(v), 0, (p))
 #endif
 #if DW_VW == 8
 #define VSTOREP(v, p) do { (p)[0] = (v).s0; (p)[1] = (v).s1; (p)[2] = (v).s2; (p)[3] = (v).s3; \
@@ -100,7 +123,9 @@ typedef HT __attribute__((aligned(sizeof(T)))) ht_unaligned;
  * one) and the first and last vector of each wider row take this path. */
 typedef struct { idx_t lo, hi; } span_t;
 #ifndef DW_VB
-#define DW_VB 5
+/* measured on PoCL (notes-opencl.md v7): whole border vectors help the 2-D forward and the grad-weight; the 3-D
+ * forward (27 taps unrolled, each load with both paths) ran 2x slower with them, the backward-data 1.3x */
+#define DW_VB (DW_K0 == 1 ? 5 : 4)
 #endif
 
 /* [offset, one past the last element] of the tensor with strides s[5] and extents (n, c, e[0], e[1], e[2]). */
@@ -119,10 +144,10 @@ DW_INLINE VT ld_v(__global const T *p, idx_t row, idx_t c0, idx_t X, idx_t nv, c
         const VI c = (VI)c0 + V_LANES;
         return MASKV(VLOAD(p + row + c0), (c >= (VI)0) & (c < (VI)X) & (V_LANES < (VI)nv));
     }
-    T t[DW_VW];
+    CT t[DW_VW];
     for (int k = 0; k < DW_VW; ++k) {
         const idx_t c = c0 + k;
-        t[k] = (c >= 0 && c < X && k < nv) ? p[row + c] : (T)0;
+        t[k] = (c >= 0 && c < X && k < nv) ? LD(p, row + c) : (CT)0;
     }
     return VLOADP(t);
 }
@@ -134,10 +159,10 @@ DW_INLINE HT ld_h(__global const T *p, idx_t row, idx_t c0, idx_t X, const span_
         const HI c = (HI)c0 + H_LANES;
         return MASKH(HLOAD(p + row + c0), (c >= (HI)0) & (c < (HI)X));
     }
-    T t[DW_HW];
+    CT t[DW_HW];
     for (int k = 0; k < DW_HW; ++k) {
         const idx_t c = c0 + k;
-        t[k] = (c >= 0 && c < X) ? p[row + c] : (T)0;
+        t[k] = (c >= 0 && c < X) ? LD(p, row + c) : (CT)0;
     }
     return HLOADP(t);
 }
@@ -185,10 +210,10 @@ DW_INLINE void st_v(__global T *p, idx_t at, VT v, idx_t nv) {
         VSTORE(v, p + at);
         return;
     }
-    T t[DW_VW];
+    CT t[DW_VW];
     VSTOREP(v, t);
     for (int k = 0; k < DW_VW; ++k)
-        if (k < nv) p[at + k] = t[k];
+        if (k < nv) ST(p, at + k, t[k]);
 }
 
 DW_INLINE ACC hsum(VT v) {
@@ -199,6 +224,13 @@ DW_INLINE ACC hsum(VT v) {
 #endif
     const CAT(TNAME, 2) b = a.lo + a.hi;
     return b.x + b.y;
+}
+
+/* The TAPS weights of one output channel (element offset wb) into registers, in tap order. */
+DW_INLINE void ld_taps(const conv_desc *d, __global const T *w, idx_t wb, CT *wr) {
+#pragma unroll
+    for (int t = 0; t < TAPS; ++t)
+        wr[t] = LD(w, wb + (t / (DW_K1 * DW_K2)) * d->ws[2] + ((t / DW_K2) % DW_K1) * d->ws[3] + (t % DW_K2) * d->ws[4]);
 }
 
 /* Row ii of the x rows a block of DW_RB output rows from oh0 reaches (plane iz, columns from c0): its DW_K2
@@ -218,8 +250,8 @@ DW_INLINE int x_row(const conv_desc *d, __global const T *x, idx_t xb, idx_t iz,
  * registers: every input row the block touches is loaded once (DW_K2 shifted vectors) and added into each
  * output row it reaches, so the block's DW_RB accumulators are independent chains. `inner` is a constant at
  * each call site: the interior variant has no column checks. Rows past Y1 are computed but not stored. */
-DW_INLINE void fwd_rows(const conv_desc *d, __global const T *x, const T *wr, idx_t xb, idx_t od, idx_t oh0,
-                        idx_t c0, T bias, VT *acc, const int inner, const span_t sp) {
+DW_INLINE void fwd_rows(const conv_desc *d, __global const T *x, const CT *wr, idx_t xb, idx_t od, idx_t oh0,
+                        idx_t c0, CT bias, VT *acc, const int inner, const span_t sp) {
 #pragma unroll
     for (int j = 0; j < DW_RB; ++j) acc[j] = (VT)bias;
 #pragma unroll
@@ -262,11 +294,9 @@ __kernel void dw_fwd(const conv_desc d, __global const T *x, __global const T *w
     const idx_t nv = d.Y[2] - ow0;
     const idx_t oh1 = oh0 + DW_RB * DW_NB < d.Y[1] ? oh0 + DW_RB * DW_NB : d.Y[1];
     const idx_t yb = d.yo + n * d.ys[0] + co * d.ys[1] + od * d.ys[2] + ow0;
-    const T bias = d.has_bias ? b[d.bo + co * d.bs] : (T)0;
-    T wr[TAPS];
-#pragma unroll
-    for (int t = 0; t < TAPS; ++t)
-        wr[t] = w[wb + (t / (DW_K1 * DW_K2)) * d.ws[2] + ((t / DW_K2) % DW_K1) * d.ws[3] + (t % DW_K2) * d.ws[4]];
+    const CT bias = d.has_bias ? LD(b, d.bo + co * d.bs) : (CT)0;
+    CT wr[TAPS];
+    ld_taps(&d, w, wb, wr);
     const int inner = c0 >= 0 && c0 + X_SPAN <= d.X[2] && nv >= DW_VW;
     const span_t sp = tensor_span(d.xo, d.xs, d.N, d.G, d.X);
     for (idx_t oh = oh0; oh < oh1; oh += DW_RB) {
@@ -291,7 +321,7 @@ __kernel void dw_fwd(const conv_desc d, __global const T *x, __global const T *w
  * every gy row the block touches is loaded once and added into each x row it reaches, tap r1 =
  * base + j - ii*DW_S1 for x row j and gy row oy_lo + ii. `base` (K1-1 or K1-2: the parity of the first row
  * under stride 2) and `inner` are constants at each call site, so the tap matching unrolls away. */
-DW_INLINE void bwd_rows(const conv_desc *d, __global const T *y, const T *wr, idx_t yb, idx_t iz, idx_t ih0,
+DW_INLINE void bwd_rows(const conv_desc *d, __global const T *y, const CT *wr, idx_t yb, idx_t iz, idx_t ih0,
                         idx_t iw0, VT *acc, HT *ae, HT *ao, const int inner, const int base, const span_t sp) {
     const idx_t oy_lo = (ih0 + d->P[1] - base) / DW_S1;
 #pragma unroll
@@ -319,7 +349,7 @@ DW_INLINE void bwd_rows(const conv_desc *d, __global const T *y, const T *wr, id
                         for (int j = 0; j < DW_RB; ++j) {
                             const int r1 = base + j - ii * DW_S1;
                             if (r1 >= 0 && r1 < DW_K1) {
-                                const T wv = wr[(r0 * DW_K1 + r1) * DW_K2 + r2];
+                                const CT wv = wr[(r0 * DW_K1 + r1) * DW_K2 + r2];
 #if DW_S2 == 1
                                 acc[j] = FMA(yv, (VT)wv, acc[j]);
 #else
@@ -376,11 +406,8 @@ __kernel void dw_bwd_data(const conv_desc d, __global const T *y, __global const
             const idx_t co = g * d.CY + k;
             const idx_t yb = d.yo + n * d.ys[0] + co * d.ys[1];
             const idx_t wb = d.wo + co * d.ws[0];
-            T wr[TAPS];
-#pragma unroll
-            for (int t = 0; t < TAPS; ++t)
-                wr[t] = w[wb + (t / (DW_K1 * DW_K2)) * d.ws[2] + ((t / DW_K2) % DW_K1) * d.ws[3] +
-                          (t % DW_K2) * d.ws[4]];
+            CT wr[TAPS];
+            ld_taps(&d, w, wb, wr);
 #if DW_S1 == 2
             if (odd) {
                 if (inner)
@@ -504,7 +531,7 @@ __kernel void dw_bwd_weight(const conv_desc d, __global const T *x, __global con
         const ACC v = scratch[t * L];
         if (splits == 1) {
             const int r2 = t % DW_K2, r1 = (t / DW_K2) % DW_K1, r0 = t / (DW_K1 * DW_K2);
-            w[d.wo + co * d.ws[0] + r0 * d.ws[2] + r1 * d.ws[3] + r2 * d.ws[4]] = v;
+            ST(w, d.wo + co * d.ws[0] + r0 * d.ws[2] + r1 * d.ws[3] + r2 * d.ws[4], v);
         } else {
             part[(co * splits + s) * TAPS + t] = v;
         }
@@ -520,5 +547,5 @@ __kernel void dw_finalize(const conv_desc d, __global const ACC *part, __global 
     ACC v = 0;
     for (idx_t s = 0; s < d.red; ++s) v += part[(co * d.red + s) * TAPS + t];
     const int r2 = t % DW_K2, r1 = (t / DW_K2) % DW_K1, r0 = t / (DW_K1 * DW_K2);
-    w[d.wo + co * d.ws[0] + r0 * d.ws[2] + r1 * d.ws[3] + r2 * d.ws[4]] = v;
+    ST(w, d.wo + co * d.ws[0] + r0 * d.ws[2] + r1 * d.ws[3] + r2 * d.ws[4], v);
 }

@@ -411,7 +411,7 @@ DW_EDGES = [  # (id, shape (C, *spatial), kernel, stride, padding, channel multi
 ]
 
 
-@pytest.mark.parametrize("dt", ["f32", "f64"])
+@pytest.mark.parametrize("dt", ["f32", "f64", "bf16"])
 @pytest.mark.parametrize("edge", DW_EDGES, ids=lambda e: e[0])
 def test_depthwise_kernels_edge_shapes(edge, dt):
     _, shape, k, stride, padding, mult, n = edge
@@ -427,7 +427,6 @@ def test_depthwise_kernels_edge_shapes(edge, dt):
 @pytest.mark.parametrize("why,kw,reason", [
     ("channels-last", dict(fmt="channels_last"), "channels_last"),
     ("float16", dict(dtype=torch.float16), "float16"),
-    ("bfloat16", dict(dtype=torch.bfloat16), "bfloat16"),
     ("7x7", dict(k=(7, 7), padding=3), None),
 ])
 def test_depthwise_outside_the_specialised_set_runs_the_generic_kernels(why, kw, reason):
@@ -473,7 +472,8 @@ def test_depthwise_variants(variant, monkeypatch):
         monkeypatch.setattr(ob, "dw_splits", lambda *a: 1)  # the single-pass grad-weight in the 64-bit build
     for shape, k, stride, mult, dt in (((3, 13, 21), (3, 3), 1, 1, torch.float32),
                                        ((2, 9, 19), (3, 3), 2, 2, torch.float64),
-                                       ((2, 4, 6, 11), (3, 3, 3), 1, 1, torch.float32)):
+                                       ((2, 4, 6, 11), (3, 3, 3), 1, 1, torch.float32),
+                                       ((3, 9, 14), (3, 3), 2, 1, torch.bfloat16)):
         x, w, b, p = _dw_case(shape, k, stride, 1, mult, 2, dt)
         _, launched = _run_all(x, w, b, p, dt)
         assert launched.get("dw_fwd") == 1 and launched.get("dw_bwd_weight") == 1

@@ -80,7 +80,8 @@ def geometry(problem: Problem) -> Geometry:
 
 
 # Note [depthwise kernels] (opencl/depthwise.cl): the vectorised depthwise kernels take depthwise convolutions
-# (CX == 1, G > 1) that are not transposed, undilated, float32/float64, computed in the contiguous layout,
+# (CX == 1, G > 1) that are not transposed, undilated, float32/float64/bfloat16 (bfloat16 computed in float32),
+# computed in the contiguous layout,
 # with a kernel size of the table below and strides 1 or 2; the kernel size and strides are compile-time
 # constants of the program. Everything else runs the generic kernels of conv.cl.
 DW_KERNEL_SIZES = {(1, 1, 3), (1, 3, 3), (3, 3, 3), (1, 5, 5)}
@@ -128,8 +129,8 @@ def dw_spec(problem: Problem, geo: Geometry, fmt: str, cpu: bool) -> tuple[DwSpe
         why = "not depthwise"
     elif problem.params.transposed:
         why = "transposed"
-    elif problem.dtype not in ("float32", "float64"):
-        why = f"{problem.dtype} (the vectorised depthwise kernels take float32 and float64)"
+    elif problem.dtype not in ("float32", "float64", "bfloat16"):
+        why = f"{problem.dtype} (the vectorised depthwise kernels take float32, float64 and bfloat16)"
     elif geo.DL != (1, 1, 1):
         why = "dilated"
     elif geo.K not in DW_KERNEL_SIZES:
@@ -147,7 +148,7 @@ def dw_spec(problem: Problem, geo: Geometry, fmt: str, cpu: bool) -> tuple[DwSpe
     # the grad-weight runs one work-item per (channel, split), walking its rows in order (no local tree:
     # notes-opencl.md v7). GPU: 4 outputs per work-item, 128-item groups, 64-item reductions.
     if cpu:
-        vw = 8 if problem.dtype == "float32" else 4
+        vw = 4 if problem.dtype == "float64" else 8  # float32 and bfloat16 compute in float
         rows = 4 * 2  # rb * nb
         lx = min(4, -(-min(geo.Y[2], geo.X[2]) // vw))
         ly = min(4, -(-min(geo.Y[1], geo.X[1]) // rows))
@@ -436,7 +437,9 @@ def _reason(problem: Problem, geo: Geometry, fmt_why: str, device: DeviceInfo, s
         return (f"vectorised depthwise kernels (opencl/depthwise.cl, channel multiplier {geo.CY}) on {device.name}: "
                 f"{spec.describe()}; forward: dw_fwd; backward-data: dw_bwd_data; grad-weight: dw_bwd_weight, "
                 f"work-groups of {spec.red_local} per (channel, split) + dw_finalize when split; W-strided "
-                f"tensors run the generic kernels; grad-bias: one work-group per channel; results {fmt_why}")
+                f"tensors run the generic kernels; grad-bias: one work-group per channel; results {fmt_why}"
+                + ("; bfloat16 stored as ushort, computed in float32, rounded to nearest even"
+                   if problem.dtype == "bfloat16" else ""))
     t = problem.params.transposed
     kind = f"depthwise kernels (channel multiplier {geo.CY})" if geo.depthwise else "direct kernels"
     gather = f"one work-item per output element summing {geo.CY if t else geo.CX} channel(s) x {geo.taps} tap(s)"
