@@ -3,6 +3,8 @@
 # dtypes), the JSON conformance reports of every GPU backend, compute-sanitizer on a subset, and `portconv explain`
 # for every suite row. Everything lands in $OUT/reports.tgz plus a summary; carry .whl (pyopencl + tox wheels).
 # Usage (repo root, on the device):  bash scripts/gpu/reports.sh [tox] [json] [sanitize] [explain] [plan] [bench]
+# TOX_ENVS (default "cuda hip opencl") and JSON_BACKENDS (default "cuda cudnn hip" plus opencl on the NVIDIA GPU;
+# name opencl in it to keep it when setting it) pick the envs and backends.
 set -uo pipefail
 OUT=${OUT:-out}; R=/tmp/reports; mkdir -p "$OUT" "$R"
 steps=${*:-tox json sanitize explain}
@@ -27,15 +29,17 @@ cat "$R/env.txt" | head -12
 DT="--dtype float32,float64,float16,bfloat16"
 pids=()
 if has json; then  # JSON reports, one process per backend, in the background while tox runs
-  for b in cuda cudnn hip; do
+  for b in ${JSON_BACKENDS:-cuda cudnn hip}; do
     timeout 540 python3 -m portconv.cli conform --backend $b $DT -q --json "$R/conformance-$b.json" \
       > "$R/conform-$b.txt" 2>&1 & pids+=($!)
   done
-  PORTCONV_OPENCL_DEVICE=gpu timeout 540 python3 -m portconv.cli conform --backend opencl $DT -q \
-    --json "$R/conformance-opencl-nvidia.json" > "$R/conform-opencl-nvidia.txt" 2>&1 & pids+=($!)
+  if [[ " ${JSON_BACKENDS:-opencl} " == *" opencl "* ]]; then
+    PORTCONV_OPENCL_DEVICE=gpu timeout 540 python3 -m portconv.cli conform --backend opencl $DT -q \
+      --json "$R/conformance-opencl-nvidia.json" > "$R/conform-opencl-nvidia.txt" 2>&1 & pids+=($!)
+  fi
 fi
 if has tox; then  # the three device envs side by side (16 cores, one GPU)
-  for e in cuda hip opencl; do
+  for e in ${TOX_ENVS:-cuda hip opencl}; do
     timeout 540 python3 -m tox -e $e -- -n 3 -p no:cacheprovider -W ignore > "$R/tox-$e.txt" 2>&1 & pids+=($!)
   done
 fi
