@@ -162,6 +162,14 @@ class Replay:
         import pyopencl.array as cla
 
         self.array = cla.Array
+        if not self.outs:
+            raise _NotReplayable
+        try:  # pyopencl's fast constructor (keyword-only internals): a pyopencl without it takes the general path
+            _, shape, dtype, strides, size = self.outs[0]
+            self.array(None, shape, dtype, allocator=self.rt.pool, strides=strides, _fast=True, _size=size,
+                       _context=self.ctx, _queue=self.queue0)
+        except TypeError:
+            raise _NotReplayable from None
 
     def __call__(self, args):
         offsets = []
