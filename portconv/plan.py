@@ -135,9 +135,14 @@ class OwnKernelWin:
     evidence: str  # the measured speed-up and where it is recorded
 
 
+# Output elements from which the row applies: 2-D from the smallest measured row (mbv2-dw3x3-b1, 401,408), 3-D from
+# 2M (only dw3d-3x3x3, 51M, is measured in 3-D)
+OWN_DEPTHWISE_MIN_OUTPUTS = {2: 384 * 1024, 3: 2 * 1024 * 1024}
+
+
 def _large_dense_depthwise_3tap(problem: Problem) -> bool:
-    """Depthwise, NCHW/NCDHW-contiguous, every kernel dim 3, stride 1 (or 2 in 2-D), dilation 1, at least 2M output
-    elements."""
+    """Depthwise, NCHW/NCDHW-contiguous, every kernel dim 3, stride 1 (or 2 in 2-D), dilation 1, at least
+    OWN_DEPTHWISE_MIN_OUTPUTS[rank] output elements."""
     p, x = problem.params, problem.input
     out = 1
     for s in problem.output_shape:
@@ -145,21 +150,26 @@ def _large_dense_depthwise_3tap(problem: Problem) -> bool:
     stride_ok = set(p.stride) == {1} or (p.rank == 2 and set(p.stride) == {2})
     return (problem.is_depthwise and not p.transposed and x.memory_format == "contiguous" and x.is_contiguous()
             and p.rank >= 2 and all(k == 3 for k in problem.weight.shape[2:]) and stride_ok
-            and set(p.dilation) == {1} and out >= 2 * 1024 * 1024)
+            and set(p.dilation) == {1} and out >= OWN_DEPTHWISE_MIN_OUTPUTS.get(p.rank, 2**62))
 
 
 # Note [own kernel wins]: each row needs a measurement. The first H200 run measured the first depthwise kernels at
 # 0.38x-0.62x PyTorch; the 'rows' kernels (cuda/conv_depthwise_rows.cuh) then 2.4x-2.7x in kernel time; the v3
 # 'tile' kernels (cuda/conv_depthwise_tile.cuh, H100, docs/performance/notes-depthwise-v3.md), forward + both
 # gradients, kernel / per call: mbv2-dw3x3 2.99x / 2.28x, -bf16 2.96x / 2.20x, dw3d-3x3x3 3.58x / 3.34x, and with
-# the stride-2 backward-data window mbv2-dw3x3-s2 (3.6M outputs) 1.69x / 1.35x. Small problems (mbv2-dw3x3-last,
-# 1.5M outputs: 1.16x per call; -b1: 0.78x) gain less than the 1.3x asked per call, and channels-last loses to cuDNN's
-# NHWC kernels (0.62x), so the row stops at 2M outputs, NCHW, stride 1 (or 2 in 2-D).
+# the stride-2 backward-data window mbv2-dw3x3-s2 (3.6M outputs) 1.69x / 1.35x. The small rows were host-bound
+# (mbv2-dw3x3-last 1.16x per call, -b1 0.78x) until replayed launches and the launch-argument change: four H100 runs
+# since (docs/performance/h100-2026-11-22b, its with-opencl/ and small-rows-rerun/) measured -last 1.29x-1.66x and
+# -b1 1.11x-1.55x per call, against 1.04x-1.20x and 0.69x-1.17x for ATen's own call (the aten / auto->aten entries of
+# the same runs), so in 2-D the row now starts at the size of -b1 (3-D keeps 2M: only dw3d-3x3x3 is measured there).
+# Channels-last stays with cuDNN's NHWC kernels (the v3.1
+# kernels measured 0.91x-1.06x there).
 OWN_KERNEL_WINS: tuple[OwnKernelWin, ...] = (
     OwnKernelWin(BackendId.CUDA, ("CudaDepthwise2d", "CudaDepthwise3d"), _large_dense_depthwise_3tap,
-                 "depthwise 3x3 / 3x3x3, stride 1 (or 2 in 2-D), NCHW, >= 2M outputs",
-                 "portconv's depthwise v3 kernels measured 1.35x-3.34x PyTorch per call (forward + both gradients) on "
-                 "mbv2-dw3x3, -bf16, -s2 and dw3d-3x3x3 on an H100 (docs/performance/notes-depthwise-v3.md)"),
+                 "depthwise 3x3 (>= 384K outputs) / 3x3x3 (>= 2M outputs), stride 1 (or 2 in 2-D), NCHW",
+                 "portconv's depthwise kernels measured 1.11x-3.94x PyTorch per call (forward + both gradients) on "
+                 "mbv2-dw3x3, -bf16, -s2, -last, -b1 and dw3d-3x3x3 on an H100 (docs/performance/h100-2026-11-22b, "
+                 "notes-depthwise-v3.md)"),
 )
 
 
