@@ -150,7 +150,7 @@ def _large_dense_depthwise_3tap(problem: Problem) -> bool:
     stride_ok = set(p.stride) == {1} or (p.rank == 2 and set(p.stride) == {2})
     return (problem.is_depthwise and not p.transposed and x.memory_format == "contiguous" and x.is_contiguous()
             and p.rank >= 2 and all(k == 3 for k in problem.weight.shape[2:]) and stride_ok
-            and set(p.dilation) == {1} and out >= OWN_DEPTHWISE_MIN_OUTPUTS.get(p.rank, 2**62))
+            and set(p.dilation) == {1} and out >= OWN_DEPTHWISE_MIN_OUTPUTS[p.rank])
 
 
 # Note [own kernel wins]: each row needs a measurement. The first H200 run measured the first depthwise kernels at

@@ -199,6 +199,26 @@ def _tol(dtype):
     return {torch.float64: 1e-10, torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 8e-2}[dtype]
 
 
+def _setup(emu_backend, case: EmuCase, dtype):
+    """(x, w, b, problem, the emulated backend's choice, grad_output, the float64 aten reference of all four)."""
+    x, w, b = _data(case, dtype)
+    params = ConvParams.make(case.rank, case.stride, case.padding, case.dilation, case.transposed,
+                             case.output_padding, case.groups, weight_shape=tuple(w.shape))
+    problem = Problem(params, spec_of(x), spec_of(w), True)
+    choice = emu_backend.choose(problem, _DEVICE)
+    go = torch.randn(problem.output_shape, dtype=torch.float64).to(dtype)
+    return x, w, b, problem, choice, go, reference(x, w, b, params, go, (True, True, True))
+
+
+def _check(got, ref, dtype, what: str) -> None:
+    """output, grad_input, grad_weight, grad_bias against the reference: shape, no NaN (unwritten), relative error."""
+    for name, g_, r_ in zip(("output", "grad_input", "grad_weight", "grad_bias"), got, ref):
+        assert tuple(g_.shape) == tuple(r_.shape), f"{what} {name}: shape"
+        assert not torch.isnan(g_).any(), f"{what} {dtype} {name}: unwritten (NaN) elements"
+        err = ((g_.double() - r_).norm() / r_.norm().clamp_min(1e-30)).item()
+        assert err < _tol(dtype), f"{what} {dtype} {name}: relative error {err:.3g}"
+
+
 @pytest.mark.parametrize("case", EMU_CASES, ids=lambda c: f"r{c.rank}g{c.groups}{'t' if c.transposed else ''}"
                          f"s{c.stride}{c.layout}")
 def test_bodies_on_cpu_match_pytorch(emu_backend, case, monkeypatch):
@@ -207,17 +227,11 @@ def test_bodies_on_cpu_match_pytorch(emu_backend, case, monkeypatch):
     monkeypatch.setenv("PORTCONV_POISON", "1")
     dtypes = [torch.float64, (torch.float32, torch.float16, torch.bfloat16)[_seed(case) % 3]]
     for dtype in dtypes:
-        x, w, b = _data(case, dtype)
-        params = ConvParams.make(case.rank, case.stride, case.padding, case.dilation, case.transposed,
-                                 case.output_padding, case.groups, weight_shape=tuple(w.shape))
-        problem = Problem(params, spec_of(x), spec_of(w), True)
-        choice = emu_backend.choose(problem, _DEVICE)
-        go = torch.randn(problem.output_shape, dtype=torch.float64).to(dtype)
+        x, w, b, problem, choice, go, ref = _setup(emu_backend, case, dtype)
         algs = ["direct", "implicit_gemm"] + (["depthwise"] if problem.is_depthwise else [])
         # 'igemm-tc' (tensor cores: half types, and float32 where torch allows TF32, on sm_80+) cannot run here:
         # the emulator keeps PC_TENSOR_CORES=0 and runs the same gather through the FMA tile ('implicit_gemm')
         assert choice.algorithm in algs + (["igemm-tc"] if dtype != torch.float64 else [])
-        ref = reference(x, w, b, params, go, (True, True, True))
         for alg in algs:
             plan = Plan(problem, BackendId.CUDA, alg, choice.memory_format, choice.reason, _DEVICE)
             x0, w0, b0 = _data(case, dtype)  # the recorded first call: same layouts, other storage
@@ -226,11 +240,7 @@ def test_bodies_on_cpu_match_pytorch(emu_backend, case, monkeypatch):
             y = emu_backend.forward(plan, x, w, b)  # replayed (Note [replayed launches])
             got = (y, *emu_backend.backward(plan, go, x, w, (True, True, True)))
             assert all(isinstance(v, Program) for v in plan.state["replay"].values()), alg
-            for name, g_, r_ in zip(("output", "grad_input", "grad_weight", "grad_bias"), got, ref):
-                assert tuple(g_.shape) == tuple(r_.shape), (alg, name)
-                assert not torch.isnan(g_).any(), f"{alg} {dtype} {name}: unwritten (NaN) elements"
-                err = ((g_.double() - r_).norm() / r_.norm().clamp_min(1e-30)).item()
-                assert err < _tol(dtype), f"{alg} {dtype} {name}: relative error {err:.3g}"
+            _check(got, ref, dtype, alg)
         masked = emu_backend.backward(plan, go, x, w, (False, True, False))
         assert masked[0] is None and masked[2] is None and masked[1] is not None
 
@@ -242,19 +252,10 @@ def test_depthwise_per_element_kernels_on_cpu(emu_backend, case, monkeypatch):
     weight gradient, in float64 against aten."""
     monkeypatch.setenv("PORTCONV_POISON", "1")
     monkeypatch.setenv(cuda.DW_ENV, "v1")
-    x, w, b = _data(case, torch.float64)
-    params = ConvParams.make(case.rank, case.stride, case.padding, case.dilation, case.transposed,
-                             case.output_padding, case.groups, weight_shape=tuple(w.shape))
-    problem = Problem(params, spec_of(x), spec_of(w), True)
-    choice = emu_backend.choose(problem, _DEVICE)
+    x, w, b, problem, choice, go, ref = _setup(emu_backend, case, torch.float64)
     plan = Plan(problem, BackendId.CUDA, "depthwise", choice.memory_format, choice.reason, _DEVICE)
-    go = torch.randn(problem.output_shape, dtype=torch.float64)
-    ref = reference(x, w, b, params, go, (True, True, True))
     got = (emu_backend.forward(plan, x, w, b), *emu_backend.backward(plan, go, x, w, (True, True, True)))
-    for name, g_, r_ in zip(("output", "grad_input", "grad_weight", "grad_bias"), got, ref):
-        assert not torch.isnan(g_).any(), f"{name}: unwritten (NaN) elements"
-        err = ((g_ - r_).norm() / r_.norm().clamp_min(1e-30)).item()
-        assert err < _tol(torch.float64), f"{name}: relative error {err:.3g}"
+    _check(got, ref, torch.float64, "depthwise v1")
 
 
 # --- depthwise v3 (Note [depthwise tile] of cuda/conv_depthwise_tile.cuh, stride-2 backward-data window) ------
@@ -280,21 +281,12 @@ def test_depthwise_v3_bodies_on_cpu(emu_backend, case, tile, monkeypatch):
     monkeypatch.setenv("PORTCONV_POISON", "1")
     monkeypatch.setenv(cuda.DW_TILE_ENV, tile)
     for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16):
-        x, w, b = _data(case, dtype)
-        params = ConvParams.make(case.rank, case.stride, case.padding, case.dilation, case.transposed,
-                                 case.output_padding, case.groups, weight_shape=tuple(w.shape))
-        problem = Problem(params, spec_of(x), spec_of(w), True)
-        choice = emu_backend.choose(problem, _DEVICE)
+        x, w, b, problem, choice, go, ref = _setup(emu_backend, case, dtype)
         assert choice.algorithm == "depthwise"
-        go = torch.randn(problem.output_shape, dtype=torch.float64).to(dtype)
-        ref = reference(x, w, b, params, go, (True, True, True))
         plan = Plan(problem, BackendId.CUDA, "depthwise", choice.memory_format, choice.reason, _DEVICE)
         y = emu_backend.forward(plan, x, w, b)
         got = (y, *emu_backend.backward(plan, go, x, w, (True, True, True)))
-        for name, g_, r_ in zip(("output", "grad_input", "grad_weight", "grad_bias"), got, ref):
-            assert not torch.isnan(g_).any(), f"{dtype} {name}: unwritten (NaN) elements"
-            err = ((g_.double() - r_).norm() / r_.norm().clamp_min(1e-30)).item()
-            assert err < _tol(dtype), f"{dtype} {name}: relative error {err:.3g} ({choice.reason})"
+        _check(got, ref, dtype, f"depthwise ({choice.reason})")
 
 
 def test_depthwise_v3_selection(monkeypatch):
@@ -340,16 +332,7 @@ def test_igemm_tc_host_path_on_cpu(emu_backend, case, monkeypatch):
     monkeypatch.setenv("PORTCONV_POISON", "1")
     monkeypatch.setattr(cuda, "tc_tile", lambda m, n, units: (64, 64, 2))
     for dtype in (torch.float64, torch.bfloat16):
-        x, w, b = _data(case, dtype)
-        params = ConvParams.make(case.rank, case.stride, case.padding, case.dilation, case.transposed,
-                                 case.output_padding, case.groups, weight_shape=tuple(w.shape))
-        problem = Problem(params, spec_of(x), spec_of(w), True)
-        choice = emu_backend.choose(problem, _DEVICE)
-        go = torch.randn(problem.output_shape, dtype=torch.float64).to(dtype)
-        ref = reference(x, w, b, params, go, (True, True, True))
+        x, w, b, problem, choice, go, ref = _setup(emu_backend, case, dtype)
         plan = Plan(problem, BackendId.CUDA, "igemm-tc", choice.memory_format, choice.reason, _DEVICE)
         got = (emu_backend.forward(plan, x, w, b), *emu_backend.backward(plan, go, x, w, (True, True, True)))
-        for name, g_, r_ in zip(("output", "grad_input", "grad_weight", "grad_bias"), got, ref):
-            assert not torch.isnan(g_).any(), f"igemm-tc {dtype} {name}: unwritten (NaN) elements"
-            err = ((g_.double() - r_).norm() / r_.norm().clamp_min(1e-30)).item()
-            assert err < _tol(dtype), f"igemm-tc {dtype} {name}: relative error {err:.3g}"
+        _check(got, ref, dtype, "igemm-tc")

@@ -18,7 +18,7 @@ _DEFINES = {"float32": "DTYPE_F32", "float64": "DTYPE_F64", "float16": "DTYPE_F1
 _NAN_BITS = {"float32": ("uint32", 0x7FC00000), "float64": ("uint64", 0x7FF8000000000000),
              "float16": ("uint16", 0x7E00), "bfloat16": ("uint16", 0x7FC0)}
 _ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2}
-_INT32_MAX = INT32_MAX = 2**31 - 1
+INT32_MAX = 2**31 - 1
 
 # Counters the tests read: how many programs were built and how often each kernel was launched.
 stats: collections.Counter = collections.Counter()
@@ -412,4 +412,4 @@ def runtime_for_array(arr) -> Runtime:
 
 
 def index_fits_int32(*spans: int) -> bool:
-    return max(spans, default=0) <= _INT32_MAX
+    return max(spans, default=0) <= INT32_MAX
