@@ -9,6 +9,9 @@ KNOBS = {
     "PORTCONV_DISABLE": "comma-separated backends the planner must not choose",
     "PORTCONV_OPENCL_DEVICE": ("OpenCL device for CPU tensors: 'P:D' indices, 'gpu', 'cpu' or a substring of the "
                                "platform/device name (default: the first GPU, else the first CPU device)"),
+    "PORTCONV_OPENCL_DENSE": ("OpenCL kernels for dense (not depthwise) problems: 'igemm' (tiled implicit GEMM) or "
+                              "'direct' (default: igemm on GPUs, the measured choice on CPUs); read when a plan is "
+                              "made (portconv.plan.clear_cache() after changing it)"),
     "PORTCONV_POISON": "1: fill outputs with NaN before kernels run (the conformance suite sets it)",
     "PORTCONV_CACHE_DIR": "directory for compiled kernels and tuning results (default ~/.cache/portconv)",
     "PORTCONV_TUNE": "1: time candidate algorithms once per problem and persist the winner",

@@ -125,6 +125,13 @@ def opencl_plan(x, w, b, p):
     return select(Problem(p, spec_of(x), spec_of(w), b is not None), "opencl")
 
 
+def _dense_default(plan) -> str:
+    """The algorithm of a dense problem with no PORTCONV_OPENCL_DENSE (Note [OpenCL dense algorithm])."""
+    from portconv.backends import _cl_igemm
+
+    return _cl_igemm.DENSE_CPU_DEFAULT if plan.device.kind == "cpu" else "igemm"
+
+
 @pytest.mark.parametrize("case,dt,fmt", PARAMS)
 def test_against_float64_reference(case, dt, fmt):
     dtype = DTYPES[dt]
@@ -150,7 +157,7 @@ def test_against_float64_reference(case, dt, fmt):
     else:
         assert y.is_contiguous() and gi.is_contiguous() and gw.is_contiguous()
     expect_alg = "depthwise" if case[0].endswith(("depthwise-m1", "depthwise-m2", "transposed-depthwise")) \
-        else "direct"
+        else _dense_default(plan)
     assert plan.algorithm == expect_alg + ("-transposed" if p.transposed else "")
     assert plan.math == ("fp32-accumulate" if dt in ("f16", "bf16") else "ieee")
 
@@ -167,7 +174,9 @@ def test_output_mask_launches_only_what_is_asked(mask, transposed):
     go = torch.randn(p.output_shape(x.shape, w.shape))
     before = dict(rt.stats)
     got = plan.backward(go, x, w, mask)
-    launched = {k: rt.stats[k] - before.get(k, 0) for k in ("fwd", "bwd_data", "bwd_weight", "bias_grad")}
+    # direct (conv.cl) and implicit-GEMM (igemm.cl, "ig_") launches of each kind together
+    launched = {k: sum(rt.stats[n] - before.get(n, 0) for n in (k, "ig_" + k))
+                for k in ("fwd", "bwd_data", "bwd_weight", "bias_grad")}
     data_kernel = "fwd" if transposed else "bwd_data"
     assert launched == {"fwd": 0, "bwd_data": 0, data_kernel: int(mask[0]), "bwd_weight": int(mask[1]),
                         "bias_grad": int(mask[2])}
@@ -312,7 +321,7 @@ def test_unsupported_reasons():
     f64 = Problem(p, dataclasses.replace(x, dtype="float64"), dataclasses.replace(w, dtype="float64"), False)
     with pytest.raises(Unsupported, match="no double precision"):
         impl.choose(f64, dataclasses.replace(device, fp64=False))
-    assert impl.choose(f64, dataclasses.replace(device, fp64=True)).algorithm == "direct"
+    assert impl.choose(f64, dataclasses.replace(device, fp64=True, kind="gpu")).algorithm == "igemm"
 
 
 def test_probe_without_pyopencl_names_the_extra(monkeypatch):
@@ -539,6 +548,7 @@ def _to_torch(a):
     ("dw-s2-nobias", (2, 9, 19), (3, 3), 2, 2, torch.float64, False),
     ("dw-3d", (2, 4, 6, 11), (3, 3, 3), 1, 1, torch.float32, True),
     ("dense-generic", None, None, None, None, torch.float32, True),
+    ("dense-igemm-split", 17, None, None, None, torch.float32, True),
 ], ids=lambda c: c[0])
 def test_replayed_calls_match_the_general_path(case):
     """Second and later calls on pyopencl arrays replay the recorded launches: other offsets (views of one buffer),
@@ -546,8 +556,8 @@ def test_replayed_calls_match_the_general_path(case):
     import pyopencl as cl
 
     _, shape, k, stride, mult, dtype, with_bias = case
-    if shape is None:
-        x, w, b, p = make(CASES[6], dtype, "contiguous")
+    if shape is None or type(shape) is int:
+        x, w, b, p = make(CASES[6 if shape is None else shape], dtype, "contiguous")
     else:
         x, w, b, p = _dw_case(shape, k, stride, 1, mult, 2, dtype)
     b = b if with_bias else None
@@ -639,3 +649,178 @@ def test_replay_waits_for_the_arrays_events():
     y = plan.forward(xb, wa, ba)
     gate.set_status(cl.command_execution_status.COMPLETE)
     check(_to_torch(y), reference(x2, w, b, p, None)[0], torch.float32, "output after the copy")
+
+
+# --- the implicit-GEMM kernels (opencl/igemm.cl, Note [OpenCL implicit GEMM]) -------------------------------
+
+IG_KERNELS = ("ig_fwd", "ig_bwd_data", "ig_bwd_weight", "ig_finalize", "fwd", "bwd_data", "bwd_weight")
+
+
+def _ig_case(n, cin, cout, sp, k, stride=1, padding=0, dilation=1, groups=1, transposed=False, out_pad=0,
+             dtype=torch.float32, fmt="contiguous", seed=0):
+    case = ("ig", len(sp), n, cin, cout, sp, k, stride, padding, dilation, groups, transposed, out_pad)
+    return make(case, dtype, fmt, seed=seed)
+
+
+def _ig_run(x, w, b, p, dtype):
+    """Forward and all three gradients against the float64 reference; returns the plan and the kernels launched."""
+    plan = opencl_plan(x, w, b, p)
+    before = dict(rt.stats)
+    y = plan.forward(x, w, b)
+    go = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+    got = plan.backward(go, x, w, (True, True, True))
+    ry, *refs = reference(x, w, b, p, go)
+    check(y, ry, dtype, "output")
+    for out, ref, name in zip(got, refs, ("grad_input", "grad_weight", "grad_bias")):
+        check(out, ref, dtype, name)
+    return plan, {k: rt.stats[k] - before.get(k, 0) for k in IG_KERNELS if rt.stats[k] - before.get(k, 0)}
+
+
+@pytest.fixture
+def dense_mode(monkeypatch):
+    """Set PORTCONV_OPENCL_DENSE for one test (plans are cached without it: cleared before and after)."""
+    from portconv.plan import clear_cache
+
+    def set_mode(mode):
+        monkeypatch.setenv("PORTCONV_OPENCL_DENSE", mode)
+        clear_cache()
+
+    yield set_mode
+    monkeypatch.delenv("PORTCONV_OPENCL_DENSE", raising=False)
+    clear_cache()
+
+
+IG_EDGES = [  # (id, kwargs of _ig_case): M, N and the reduction off the 64 x 64 x 16 tile, groups, strides, layouts
+    ("m-n-red-off-tile", dict(n=3, cin=5, cout=67, sp=(11, 13), k=(3, 3), padding=1)),
+    ("wide-n-130", dict(n=1, cin=17, cout=130, sp=(9, 7), k=(1, 1))),
+    ("groups4-stride2", dict(n=2, cin=12, cout=20, sp=(15, 14), k=(3, 3), stride=2, padding=1, groups=4)),
+    ("stride2-bwd-data-odd", dict(n=2, cin=6, cout=9, sp=(17, 16), k=(3, 3), stride=2, padding=0)),
+    ("stride3-k2-phases-no-tap", dict(n=1, cin=4, cout=5, sp=(13, 11), k=(2, 2), stride=3, padding=1)),
+    ("dilated-stride1", dict(n=2, cin=7, cout=6, sp=(12, 12), k=(3, 3), padding=2, dilation=2)),
+    ("stride2-dilated-direct-bwd", dict(n=2, cin=4, cout=6, sp=(13, 12), k=(3, 3), stride=2, padding=2, dilation=2)),
+    ("channels-last", dict(n=2, cin=9, cout=70, sp=(10, 9), k=(3, 3), stride=2, padding=1, fmt="channels_last")),
+    ("3d", dict(n=2, cin=5, cout=7, sp=(6, 7, 5), k=(3, 3, 3), stride=(1, 2, 1), padding=1)),
+    ("3d-channels-last-groups", dict(n=1, cin=6, cout=6, sp=(5, 6, 7), k=(2, 3, 3), padding=1, groups=2,
+                                     fmt="channels_last")),
+    ("1d", dict(n=3, cin=7, cout=9, sp=(53,), k=(5,), stride=2, padding=2)),
+    ("1d-long-kernel-groups", dict(n=2, cin=8, cout=8, sp=(40,), k=(17,), padding=8, groups=2)),
+    ("transposed-s2-outpad", dict(n=2, cin=6, cout=5, sp=(7, 6), k=(4, 4), stride=2, padding=1, transposed=True,
+                                  out_pad=1)),
+    ("transposed-groups-3d", dict(n=1, cin=4, cout=6, sp=(3, 4, 3), k=(3, 3, 3), stride=2, padding=1, groups=2,
+                                  transposed=True, out_pad=1)),
+    ("split-grad-weight", dict(n=3, cin=3, cout=5, sp=(33, 31), k=(3, 3), padding=1)),
+    ("single-input-channel", dict(n=2, cin=1, cout=8, sp=(21, 40), k=(5, 7), stride=2)),
+]
+
+
+# every shape in float32 and float64; float16 and bfloat16 on a spread of them (the conformance grid runs them all)
+IG_PARAMS = [pytest.param(e, dt, id=f"{e[0]}-{dt}") for e in IG_EDGES for dt in ("f32", "f64")
+             + (("f16", "bf16") if e[0] in ("m-n-red-off-tile", "channels-last", "transposed-s2-outpad", "1d") else ())]
+
+
+@pytest.mark.parametrize("edge,dt", IG_PARAMS)
+def test_igemm_edge_shapes(edge, dt, dense_mode):
+    dense_mode("igemm")
+    dtype = DTYPES[dt]
+    kw = dict(edge[1])
+    x, w, b, p = _ig_case(dtype=dtype, **kw)
+    plan, launched = _ig_run(x, w, b, p, dtype)
+    assert plan.algorithm == "igemm" + ("-transposed" if p.transposed else "")
+    data_fwd, data_bwd = ("ig_bwd_data", "ig_fwd") if p.transposed else ("ig_fwd", "ig_bwd_data")
+    assert launched.get(data_fwd) == 1 and launched.get("ig_bwd_weight") == 1
+    if edge[0] == "stride2-dilated-direct-bwd":  # no phase decomposition: the direct kernel
+        assert launched.get("bwd_data") == 1 and not launched.get(data_bwd)
+        assert "the direct kernel" in plan.reason
+    else:
+        assert launched.get(data_bwd) == 1 and not launched.get("bwd_data") and not launched.get("fwd")
+    if edge[0] == "split-grad-weight":
+        assert launched.get("ig_finalize") == 1
+
+
+@pytest.mark.parametrize("tile", [(64, 64, 16, 4, 4), (32, 64, 8, 4, 8), (64, 32, 16, 8, 4), (16, 16, 8, 2, 2),
+                                  (128, 64, 16, 8, 4)],
+                         ids=lambda t: "x".join(map(str, t)))
+def test_igemm_tile_configurations(tile, dense_mode, monkeypatch):
+    """Other tile shapes than the default (the GPU and CPU defaults are tables, not fixed by the kernels)."""
+    from portconv.backends import _cl_igemm
+
+    dense_mode("igemm")
+    monkeypatch.setattr(_cl_igemm, "CPU_TILE", _cl_igemm.IgSpec(*tile, cpu=True))
+    monkeypatch.setattr(_cl_igemm, "GPU_TILE", _cl_igemm.IgSpec(*tile))
+    for name in ("m-n-red-off-tile", "groups4-stride2", "transposed-s2-outpad", "split-grad-weight", "channels-last"):
+        x, w, b, p = _ig_case(**dict(IG_EDGES[[e[0] for e in IG_EDGES].index(name)][1]))
+        _ig_run(x, w, b, p, torch.float32)
+
+
+def test_igemm_gpu_settings_idx64_and_determinism(dense_mode, monkeypatch):
+    """The GPU build (no IG_CPU), the 64-bit index build, and bit-identical split grad-weights across calls."""
+    from portconv.backends import _cl_igemm
+
+    dense_mode("igemm")
+    monkeypatch.setattr(_cl_igemm, "CPU_TILE", _cl_igemm.GPU_TILE)
+    x, w, b, p = _ig_case(**dict(IG_EDGES[-2][1]))
+    plan, launched = _ig_run(x, w, b, p, torch.float32)
+    assert launched.get("ig_finalize") == 1
+    go = torch.randn(p.output_shape(x.shape, w.shape), generator=torch.Generator().manual_seed(2))
+    first = plan.backward(go, x, w, (True, True, False))
+    assert all(torch.equal(a, c) for a, c in zip(first[:2], plan.backward(go, x, w, (True, True, False))[:2]))
+    monkeypatch.setattr(rt, "force_idx64", True)
+    for name in ("split-grad-weight", "transposed-groups-3d", "channels-last"):
+        x, w, b, p = _ig_case(**dict(IG_EDGES[[e[0] for e in IG_EDGES].index(name)][1]))
+        _ig_run(x, w, b, p, torch.float32)
+
+
+def test_igemm_selection_table(dense_mode):
+    """Which algorithm a problem gets per device kind and PORTCONV_OPENCL_DENSE, with the reason."""
+    from portconv.backends import _cl_igemm
+
+    backend = get("opencl")
+    x, w, b, p = _ig_case(n=1, cin=4, cout=8, sp=(9, 9), k=(3, 3), padding=1)
+    xd, wd, bd, pd = _dw_case((4, 9, 9), (3, 3))
+    xt, wt, bt, pt = _ig_case(n=1, cin=4, cout=8, sp=(5, 5), k=(3, 3), stride=2, padding=1, transposed=True)
+    xs, ws, bs, ps = _ig_case(n=1, cin=4, cout=8, sp=(9, 9), k=(3, 3), stride=2, padding=2, dilation=2)
+    dev = rt.info(*rt.default_index())
+
+    def alg(x, w, b, p, kind):
+        choice = backend.choose(Problem(p, spec_of(x), spec_of(w), b is not None), dataclasses.replace(dev, kind=kind))
+        return choice.algorithm, choice.reason
+
+    for mode, kind, dense, transposed in (
+            (None, "gpu", "igemm", "igemm-transposed"),
+            (None, "cpu", _cl_igemm.DENSE_CPU_DEFAULT, _cl_igemm.DENSE_CPU_DEFAULT + "-transposed"),
+            ("direct", "gpu", "direct", "direct-transposed"),
+            ("igemm", "cpu", "igemm", "igemm-transposed")):
+        if mode:
+            dense_mode(mode)
+        assert alg(x, w, b, p, kind)[0] == dense, (mode, kind)
+        assert alg(xt, wt, bt, pt, kind)[0] == transposed, (mode, kind)
+        assert alg(xd, wd, bd, pd, kind)[0] == "depthwise", (mode, kind)  # the depthwise rule is unchanged
+    dense_mode("igemm")
+    assert "by phases (4 phase(s)" in alg(x, w, b, dataclasses.replace(p, stride=(2, 2)), "gpu")[1]
+    assert "the direct kernel" in alg(xs, ws, bs, ps, "gpu")[1]
+    assert "PORTCONV_OPENCL_DENSE=igemm" in alg(x, w, b, p, "cpu")[1]
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if "depthwise" not in c[0]][::2], ids=lambda c: c[0])
+def test_forced_direct_kernels(case, dense_mode):
+    """PORTCONV_OPENCL_DENSE=direct keeps the direct kernels of conv.cl for dense problems."""
+    dense_mode("direct")
+    x, w, b, p = make(case, torch.float32, "contiguous")
+    plan, launched = _ig_run(x, w, b, p, torch.float32)
+    assert plan.algorithm == "direct" + ("-transposed" if p.transposed else "")
+    assert not any(k.startswith("ig_") for k in launched) and launched.get("bwd_weight") == 1
+
+
+def test_igemm_splits_table():
+    from portconv.backends._cl_igemm import GPU_TILE, splits
+    from portconv.backends.opencl import Geometry
+
+    def geo(n, c, k, y, taps=(3, 3), g=1):
+        return Geometry(n, g, c, k, (1, *y), (1, *y), (1, *taps), (1, 1, 1), (0, 1, 1), (1, 1, 1))
+
+    assert splits(geo(32, 64, 64, (56, 56)), GPU_TILE, 132, 4) == (59, 1712)  # 9 tiles: 528 groups wanted
+    assert splits(geo(32, 256, 256, (14, 14)), GPU_TILE, 132, 4) == (4, 1568)  # 144 tiles
+    assert splits(geo(1, 64, 64, (56, 56)), GPU_TILE, 132, 4) == (12, 272)  # >= 16 steps of 16 per split
+    assert splits(geo(1, 4, 4, (5, 5)), GPU_TILE, 132, 4) == (1, 32)  # too short to split
+    assert splits(geo(32, 2048, 2048, (14, 14)), GPU_TILE, 132, 4)[0] == 1  # 9216 tiles fill the GPU
+    assert splits(geo(32, 512, 512, (28, 28)), GPU_TILE, 2, 4) == (1, 25088)  # 2-core CPU: the tiles suffice

@@ -242,6 +242,11 @@ class Runtime:
         defines = (_DEFINES[dtype],) + (("IDX64",) if idx64 else ()) + tuple(spec)
         return self._table("depthwise.cl", defines)["dw_" + name]
 
+    def ig_kernel(self, dtype: str, idx64: bool, spec: tuple[str, ...], name: str):
+        """A kernel of opencl/igemm.cl (Note [OpenCL implicit GEMM]) built with the tile defines ``spec``."""
+        defines = (_DEFINES[dtype],) + (("IDX64",) if idx64 else ()) + tuple(spec)
+        return self._table("igemm.cl", defines)["igemm_" + name]
+
     def _table(self, source: str, defines: tuple[str, ...]) -> dict:
         key = (self.driver, _digest(), source, defines)
         with self.lock:

@@ -10,6 +10,7 @@ from ..device import Availability, DeviceInfo
 from ..errors import Unsupported
 from ..tensors import FLOATING, dense_strides, spec_of
 from . import Backend, BackendId, Choice, Problem
+from . import _cl_igemm as igemm
 from . import _cl_replay as replay
 from . import _cl_runtime as rt
 
@@ -194,6 +195,7 @@ class _Call:
         self.scratches = 0
         self.c_inner = int(plan.memory_format != "contiguous")
         self.dw = dw_spec(self.problem, self.geo, plan.memory_format, self.rt.is_cpu)[0]
+        self.ig = igemm.spec(self.geo, self.rt.is_cpu) if plan.algorithm.startswith("igemm") else None
 
     def up(self, x, role: int) -> rt.DevTensor:
         """Call argument number ``role`` (forward: input, weight, bias; backward: grad_output, input, weight)."""
@@ -267,6 +269,8 @@ class _Call:
             d = self._desc(planes, xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset, **bkw)
             return self._dw_run("fwd", d, (x, w, y), (x, w, bbuf, y),
                                 (*self.dw.grid(g.Y), planes), self.dw.local)
+        if self.ig is not None and math.prod(y.shape):
+            return igemm.fwd(self, x, w, y, bbuf, bkw, xs, ws, ys)
         d = self._desc(math.prod(y.shape), xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset,
                        c_inner=self.c_inner, **bkw)
         return self._run("fwd", d, (x, w, y), (x, w, bbuf, y))
@@ -281,6 +285,8 @@ class _Call:
             d = self._desc(planes, xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset)
             return self._dw_run("bwd_data", d, (x, w, y), (y, w, bbuf, x),
                                 (*self.dw.grid(g.X), planes), self.dw.local)
+        if self.ig is not None and self.ig.phases and math.prod(x.shape):
+            return igemm.bwd_data(self, y, w, x, bbuf, bkw, xs, ws, ys)
         d = self._desc(math.prod(x.shape), xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset,
                        c_inner=self.c_inner, **bkw)
         return self._run("bwd_data", d, (x, w, y), (y, w, bbuf, x))
@@ -290,6 +296,8 @@ class _Call:
         (_, xs), (_, ws), (_, ys) = _five(x), _five(w), _five(y)
         if self._dw_ok(x, y) and math.prod(w.shape):
             return self._dw_bwd_weight(x, y, w, xs, ws, ys)
+        if self.ig is not None and math.prod(w.shape):
+            return igemm.bwd_weight(self, x, y, w, xs, ws, ys)
         d = self._desc(math.prod(w.shape), xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset,
                        c_inner=self.c_inner)
         return self._run("bwd_weight", d, (x, w, y), (x, y, w), _group_size(self.geo.reduction))
@@ -373,10 +381,16 @@ class OpenCLBackend(Backend):
             raise Unsupported("tensors with negative strides are not supported by the OpenCL backend")
         fmt, fmt_why = output_memory_format(problem)
         geo = geometry(problem)
-        alg = ("depthwise" if geo.depthwise else "direct") + ("-transposed" if problem.params.transposed else "")
+        t = "-transposed" if problem.params.transposed else ""
         spec, _ = dw_spec(problem, geo, fmt, device.kind == "cpu")
-        return Choice(alg, fmt, _reason(problem, geo, fmt_why, device, spec),
-                      math="fp32-accumulate" if dt in ("float16", "bfloat16") else "ieee")
+        dense, dense_why = ("depthwise", "") if geo.depthwise else igemm.mode(device.kind)
+        if dense == "igemm":
+            why = (igemm.reason(geo, igemm.spec(geo, device.kind == "cpu"), problem.params.transposed, dense_why,
+                                device.name) + f"; grad-bias: one work-group per channel; results {fmt_why}"
+                   + _DTYPE_NOTE.get(dt, ""))
+        else:
+            why = _reason(problem, geo, fmt_why, device, spec) + (f" (chosen by {dense_why})" if dense_why else "")
+        return Choice(dense + t, fmt, why, math="fp32-accumulate" if dt in ("float16", "bfloat16") else "ieee")
 
     def devices(self) -> list[DeviceInfo]:
         if not self.probe() and rt.select(None)[1] is None:
@@ -451,8 +465,9 @@ def _reason(problem: Problem, geo: Geometry, fmt_why: str, device: DeviceInfo, s
     gw = (f"one work-group of {_group_size(geo.reduction)} per weight element reducing N x "
           f"{'input' if t else 'output'} spatial = {geo.reduction} products"
           + (" (x and grad_output roles swapped)" if t else ""))
-    dtype = {"float16": "; float16 stored as half (vload_half/vstore_half_rte), accumulated in float32",
-             "bfloat16": "; bfloat16 stored as ushort, accumulated in float32, rounded to nearest even",
-             }.get(problem.dtype, "")
     return (f"{kind} on {device.name}: forward: {fwd}; backward-data: {bwd}; grad-weight: {gw}; "
-            f"grad-bias: one work-group per channel; results {fmt_why}{dtype}")
+            f"grad-bias: one work-group per channel; results {fmt_why}{_DTYPE_NOTE.get(problem.dtype, '')}")
+
+
+_DTYPE_NOTE = {"float16": "; float16 stored as half (vload_half/vstore_half_rte), accumulated in float32",
+               "bfloat16": "; bfloat16 stored as ushort, accumulated in float32, rounded to nearest even"}

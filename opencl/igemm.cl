@@ -1,0 +1,353 @@
+/* portconv OpenCL implicit-GEMM kernels (igemm_*) for dense convolutions: forward, backward-data by phases,
+ * split backward-weight and its finalize. Same canonical convolution and descriptor as conv.cl (Note
+ * [canonical convolution] in common.h).
+ *
+ * Note [OpenCL implicit GEMM]: the design of the CUDA set's FMA tile (cuda/conv_igemm.cuh, Note [implicit GEMM])
+ * in OpenCL C. Each direction is a GEMM whose operands are gathered on the fly (no im2col buffer); per group g:
+ *   forward      Y[m, n]  = sum_r A[m, r] B[r, n]; m = (n, o) over N*Y, n = k over CY, r = (c, tap) over CX*taps
+ *   bwd data     dX[m, n] = ...;                   m = (n, e) over N*E (one phase), n = c over CX, r = (k, j) over CY*T
+ *   bwd weight   dW[m, n] = ...;                   m = k over CY, n = (c, tap) over CX*taps, r = (n, o) over N*Y
+ * A work-group of IG_NT = (IG_BM/IG_TM) x (IG_BN/IG_TN) work-items computes an IG_BM x IG_BN tile, IG_TM x IG_TN
+ * results per work-item, stepping the reduction IG_BK at a time through local memory with the next step's
+ * gathers loaded before the current step's products. Every load work-item owns one reduction index per step,
+ * decoded once and shared by its IG_AJ A and IG_BJ B gathers. Grid: (M tiles x IG_NT, N tiles, groups x z).
+ * Backward-data runs per phase (Note [bwd-data phases] in cuda/conv_igemm.cuh: grid z = groups x S0*S1*S2,
+ * no division and no zero product per gather; axes with stride > 1 need dilation 1, the host sends other
+ * problems to conv.cl). Backward-weight splits its N*Y reduction over grid z = groups x splits (d.total splits of
+ * d.red positions), each split writing its partial tile to a workspace that igemm_finalize adds in split order:
+ * deterministic, no atomics. Channels-last problems (d.c_inner) order the forward/backward-data reduction
+ * channel-innermost, so neighbouring load work-items read neighbouring addresses.
+ *
+ * Defines (host, one program per set): the dtype and IDX64 of common.h; IG_BM, IG_BN, IG_BK, IG_TM, IG_TN (tile);
+ * IG_CPU on CPU devices (helpers forced inline, as depthwise.cl's DW_CPU).
+ */
+#include "common.h"
+
+#define IG_CAT_(a, b) a##b
+#define IG_CAT(a, b) IG_CAT_(a, b)
+#define IG_NX (IG_BN / IG_TN) /* work-items along a tile's columns */
+#define IG_NY (IG_BM / IG_TM) /* and along its rows */
+#define IG_NT (IG_NX * IG_NY)
+#define IG_LQ (IG_NT / IG_BK) /* rows (columns) one load pass covers */
+#define IG_AJ (IG_BM / IG_LQ)
+#define IG_BJ (IG_BN / IG_LQ)
+#define IG_LDA (IG_BM + 1)
+#define IG_LDB (IG_BN + 1)
+#if IG_NT % IG_BK || IG_BM % IG_LQ || IG_BN % IG_LQ
+#error "portconv: the igemm tile needs IG_BK | IG_NT and IG_NT / IG_BK | IG_BM, IG_BN"
+#endif
+/* a*b+c, contracted to an FMA (OpenCL's default FP_CONTRACT) without PoCL's out-of-line fma() */
+#define IG_FMA(a, b, c) ((a) * (b) + (c))
+#ifdef IG_CPU
+#define IG_INLINE inline __attribute__((always_inline))
+#else
+#define IG_INLINE inline
+#endif
+
+#ifdef IDX64
+typedef ulong uidx_t;
+#else
+typedef uint uidx_t;
+#endif
+/* 0 <= i < n in one unsigned comparison */
+#define INSIDE(i, n) ((uidx_t)(i) < (uidx_t)(n))
+
+IG_INLINE void unflatten4(idx_t i, idx_t D, idx_t H, idx_t W, idx_t *b, idx_t *z, idx_t *y, idx_t *x) {
+    *x = i % W; i /= W;
+    *y = i % H; i /= H;
+    *z = i % D;
+    *b = i / D;
+}
+
+/* (channel, tap) of an index over CH*taps: channel-innermost when chan_inner. */
+IG_INLINE void chan_tap(const conv_desc *d, idx_t r, idx_t CH, int chan_inner, idx_t *ch, idx_t *r0, idx_t *r1,
+                        idx_t *r2) {
+    idx_t tap;
+    if (chan_inner) {
+        tap = r / CH;
+        *ch = r - tap * CH;
+    } else {
+        const idx_t taps = d->K[0] * d->K[1] * d->K[2];
+        *ch = r / taps;
+        tap = r - *ch * taps;
+    }
+    *r2 = tap % d->K[2];
+    tap /= d->K[2];
+    *r1 = tap % d->K[1];
+    *r0 = tap / d->K[1];
+}
+
+/* ---- forward: A = x gathered at (n, o) x (c, tap), B = w ---------------------------------------------------- */
+typedef struct { conv_desc d; idx_t g; } ig_fwd_op;
+typedef struct { idx_t xo, i0, i1, i2; } ig_fwd_rowt;
+typedef struct { idx_t wo; int ok; } ig_fwd_colt;
+typedef struct { idx_t xo, wo, d0, d1, d2; int ok; } ig_fwd_redt;
+
+IG_INLINE ig_fwd_rowt ig_fwd_row(const ig_fwd_op *op, idx_t m, idx_t M) {
+    const conv_desc *d = &op->d;
+    ig_fwd_rowt t;
+    idx_t n, o0, o1, o2;
+    const int ok = m < M;
+    unflatten4(ok ? m : 0, d->Y[0], d->Y[1], d->Y[2], &n, &o0, &o1, &o2);
+    t.i0 = o0 * d->S[0] - d->P[0], t.i1 = o1 * d->S[1] - d->P[1], t.i2 = o2 * d->S[2] - d->P[2];
+    t.xo = d->xo + n * d->xs[0] + op->g * d->CX * d->xs[1] + t.i0 * d->xs[2] + t.i1 * d->xs[3] + t.i2 * d->xs[4];
+    if (!ok) t.i0 = d->X[0]; /* every tap out of range (r.d0 >= 0) */
+    return t;
+}
+
+IG_INLINE ig_fwd_colt ig_fwd_col(const ig_fwd_op *op, idx_t k, idx_t NC) {
+    ig_fwd_colt t;
+    t.ok = k < NC;
+    t.wo = op->d.wo + (op->g * op->d.CY + (t.ok ? k : 0)) * op->d.ws[0];
+    return t;
+}
+
+IG_INLINE ig_fwd_redt ig_fwd_red(const ig_fwd_op *op, idx_t r, idx_t rend) {
+    const conv_desc *d = &op->d;
+    ig_fwd_redt t;
+    idx_t c, r0, r1, r2;
+    t.ok = r < rend;
+    chan_tap(d, t.ok ? r : 0, d->CX, (int)d->c_inner, &c, &r0, &r1, &r2);
+    t.wo = c * d->ws[1] + r0 * d->ws[2] + r1 * d->ws[3] + r2 * d->ws[4];
+    t.d0 = r0 * d->DL[0], t.d1 = r1 * d->DL[1], t.d2 = r2 * d->DL[2];
+    t.xo = c * d->xs[1] + t.d0 * d->xs[2] + t.d1 * d->xs[3] + t.d2 * d->xs[4];
+    if (!t.ok) t.d0 = d->X[0] + d->P[0]; /* out of range for every row (m.i0 >= -P0) */
+    return t;
+}
+
+IG_INLINE ACC ig_fwd_A(const ig_fwd_op *op, __global const T *x, const ig_fwd_rowt *m, const ig_fwd_redt *r) {
+    const conv_desc *d = &op->d;
+    if (!(INSIDE(m->i0 + r->d0, d->X[0]) && INSIDE(m->i1 + r->d1, d->X[1]) && INSIDE(m->i2 + r->d2, d->X[2])))
+        return 0;
+    return LD(x, m->xo + r->xo);
+}
+
+IG_INLINE ACC ig_fwd_B(const ig_fwd_op *op, __global const T *w, const ig_fwd_redt *r, const ig_fwd_colt *n) {
+    return (r->ok && n->ok) ? LD(w, n->wo + r->wo) : 0;
+}
+
+IG_INLINE void ig_fwd_store(const ig_fwd_op *op, __global T *y, __global const T *b, __global ACC *wsp, idx_t m,
+                            idx_t k, ACC v) {
+    const conv_desc *d = &op->d;
+    idx_t n, o0, o1, o2;
+    unflatten4(m, d->Y[0], d->Y[1], d->Y[2], &n, &o0, &o1, &o2);
+    const idx_t kk = op->g * d->CY + k;
+    if (d->has_bias) v += LD(b, d->bo + kk * d->bs);
+    ST(y, d->yo + n * d->ys[0] + kk * d->ys[1] + o0 * d->ys[2] + o1 * d->ys[3] + o2 * d->ys[4], v);
+}
+
+#define IG_OP fwd
+#include "igemm_tile.h"
+
+/* ---- backward-data, one phase q: A = dy gathered at (n, e) x (k, j), B = w at tap rq + S*j ------------------- */
+typedef struct {
+    conv_desc d;
+    idx_t g, E[3], T[3], H[3], q[3], rq[3], c[3], tp, tpd;
+} ig_bwd_data_op;
+typedef struct { idx_t yo, a0, a1, a2; } ig_bwd_data_rowt;
+typedef struct { idx_t wo; int ok; } ig_bwd_data_colt;
+typedef struct { idx_t yo, wo, j0, j1, j2; int ok; } ig_bwd_data_redt;
+
+IG_INLINE void ig_bwd_data_init(ig_bwd_data_op *op, const conv_desc d, idx_t g, idx_t phase) {
+    op->d = d, op->g = g;
+    op->q[2] = phase % d.S[2], op->q[1] = (phase / d.S[2]) % d.S[1], op->q[0] = phase / (d.S[2] * d.S[1]);
+    for (int a = 0; a < 3; ++a) {
+        const idx_t X = d.X[a], R = d.K[a], S = d.S[a], P = d.P[a], q = op->q[a];
+        op->E[a] = q < X ? (X - q + S - 1) / S : 0;
+        op->rq[a] = (q + P) % S;
+        op->T[a] = op->rq[a] < R ? (R - op->rq[a] + S - 1) / S : 0;
+        op->c[a] = (q + P - op->rq[a]) / S;
+        op->H[a] = S == 1 ? d.DL[a] : 1;
+    }
+    op->tp = op->T[0] * op->T[1] * op->T[2];
+    /* divisors of red(); tp == 0: no reduction runs */
+    op->tpd = op->tp ? op->tp : 1, op->T[1] = op->T[1] ? op->T[1] : 1, op->T[2] = op->T[2] ? op->T[2] : 1;
+}
+
+IG_INLINE ig_bwd_data_rowt ig_bwd_data_row(const ig_bwd_data_op *op, idx_t m, idx_t M) {
+    const conv_desc *d = &op->d;
+    ig_bwd_data_rowt t;
+    idx_t n, e0, e1, e2;
+    const int ok = m < M;
+    unflatten4(ok ? m : 0, op->E[0], op->E[1], op->E[2], &n, &e0, &e1, &e2);
+    t.a0 = e0 + op->c[0], t.a1 = e1 + op->c[1], t.a2 = e2 + op->c[2];
+    t.yo = d->yo + n * d->ys[0] + op->g * d->CY * d->ys[1] + t.a0 * d->ys[2] + t.a1 * d->ys[3] + t.a2 * d->ys[4];
+    if (!ok) t.a0 = d->Y[0] + op->T[0] * op->H[0]; /* out of range for every tap (r.j0 < T0 * H0) */
+    return t;
+}
+
+IG_INLINE ig_bwd_data_colt ig_bwd_data_col(const ig_bwd_data_op *op, idx_t c, idx_t NC) {
+    ig_bwd_data_colt t;
+    t.ok = c < NC;
+    t.wo = op->d.wo + op->g * op->d.CY * op->d.ws[0] + (t.ok ? c : 0) * op->d.ws[1];
+    return t;
+}
+
+IG_INLINE ig_bwd_data_redt ig_bwd_data_red(const ig_bwd_data_op *op, idx_t r, idx_t rend) {
+    const conv_desc *d = &op->d;
+    ig_bwd_data_redt t;
+    idx_t k, j;
+    t.ok = r < rend;
+    const idx_t rr = t.ok ? r : 0;
+    if (d->c_inner) {
+        j = rr / d->CY;
+        k = rr - j * d->CY;
+    } else {
+        k = rr / op->tpd;
+        j = rr - k * op->tpd;
+    }
+    t.j2 = j % op->T[2];
+    j /= op->T[2];
+    t.j1 = j % op->T[1];
+    t.j0 = j / op->T[1];
+    t.wo = k * d->ws[0] + (op->rq[0] + d->S[0] * t.j0) * d->ws[2] + (op->rq[1] + d->S[1] * t.j1) * d->ws[3]
+           + (op->rq[2] + d->S[2] * t.j2) * d->ws[4];
+    t.j0 *= op->H[0], t.j1 *= op->H[1], t.j2 *= op->H[2]; /* from here on: dy steps */
+    t.yo = k * d->ys[1] - t.j0 * d->ys[2] - t.j1 * d->ys[3] - t.j2 * d->ys[4];
+    if (!t.ok) t.j0 = -d->Y[0]; /* out of range for every row (m.a0 >= 0) */
+    return t;
+}
+
+IG_INLINE ACC ig_bwd_data_A(const ig_bwd_data_op *op, __global const T *dy, const ig_bwd_data_rowt *m,
+                            const ig_bwd_data_redt *r) {
+    const conv_desc *d = &op->d;
+    if (!(INSIDE(m->a0 - r->j0, d->Y[0]) && INSIDE(m->a1 - r->j1, d->Y[1]) && INSIDE(m->a2 - r->j2, d->Y[2])))
+        return 0;
+    return LD(dy, m->yo + r->yo);
+}
+
+IG_INLINE ACC ig_bwd_data_B(const ig_bwd_data_op *op, __global const T *w, const ig_bwd_data_redt *r,
+                            const ig_bwd_data_colt *n) {
+    return (r->ok && n->ok) ? LD(w, n->wo + r->wo) : 0;
+}
+
+IG_INLINE void ig_bwd_data_store(const ig_bwd_data_op *op, __global T *dx, __global const T *b, __global ACC *wsp,
+                                 idx_t m, idx_t c, ACC v) {
+    const conv_desc *d = &op->d;
+    idx_t n, e0, e1, e2;
+    unflatten4(m, op->E[0], op->E[1], op->E[2], &n, &e0, &e1, &e2);
+    const idx_t cc = op->g * d->CX + c;
+    if (d->has_bias) v += LD(b, d->bo + cc * d->bs);
+    ST(dx, d->xo + n * d->xs[0] + cc * d->xs[1] + (op->q[0] + d->S[0] * e0) * d->xs[2]
+           + (op->q[1] + d->S[1] * e1) * d->xs[3] + (op->q[2] + d->S[2] * e2) * d->xs[4], v);
+}
+
+#define IG_OP bwd_data
+#include "igemm_tile.h"
+
+/* ---- backward-weight, one split: A = dy at k x (n, o), B = x gathered at (n, o) x (c, tap) ------------------- */
+typedef struct { conv_desc d; idx_t g, split; } ig_bwd_weight_op;
+typedef struct { idx_t yo; int ok; } ig_bwd_weight_rowt;
+typedef struct { idx_t xo, d0, d1, d2; } ig_bwd_weight_colt;
+typedef struct { idx_t yo, xo, b0, b1, b2; int ok; } ig_bwd_weight_redt;
+
+IG_INLINE ig_bwd_weight_rowt ig_bwd_weight_row(const ig_bwd_weight_op *op, idx_t k, idx_t M) {
+    ig_bwd_weight_rowt t;
+    t.ok = k < M;
+    t.yo = op->d.yo + (op->g * op->d.CY + (t.ok ? k : 0)) * op->d.ys[1];
+    return t;
+}
+
+IG_INLINE ig_bwd_weight_colt ig_bwd_weight_col(const ig_bwd_weight_op *op, idx_t n, idx_t NC) {
+    const conv_desc *d = &op->d;
+    ig_bwd_weight_colt t;
+    idx_t c, r0, r1, r2;
+    const int ok = n < NC;
+    chan_tap(d, ok ? n : 0, d->CX, 0, &c, &r0, &r1, &r2);
+    t.d0 = r0 * d->DL[0] - d->P[0], t.d1 = r1 * d->DL[1] - d->P[1], t.d2 = r2 * d->DL[2] - d->P[2];
+    t.xo = d->xo + (op->g * d->CX + c) * d->xs[1] + t.d0 * d->xs[2] + t.d1 * d->xs[3] + t.d2 * d->xs[4];
+    if (!ok) t.d0 = d->X[0]; /* out of range for every position (r.b0 >= 0) */
+    return t;
+}
+
+IG_INLINE ig_bwd_weight_redt ig_bwd_weight_red(const ig_bwd_weight_op *op, idx_t r, idx_t rend) {
+    const conv_desc *d = &op->d;
+    ig_bwd_weight_redt t;
+    idx_t n, o0, o1, o2;
+    t.ok = r < rend;
+    unflatten4(t.ok ? r : 0, d->Y[0], d->Y[1], d->Y[2], &n, &o0, &o1, &o2);
+    t.b0 = o0 * d->S[0], t.b1 = o1 * d->S[1], t.b2 = o2 * d->S[2];
+    t.yo = n * d->ys[0] + o0 * d->ys[2] + o1 * d->ys[3] + o2 * d->ys[4];
+    t.xo = n * d->xs[0] + t.b0 * d->xs[2] + t.b1 * d->xs[3] + t.b2 * d->xs[4];
+    if (!t.ok) t.b0 = d->X[0] + d->P[0]; /* out of range for every column (n.d0 >= -P0) */
+    return t;
+}
+
+IG_INLINE ACC ig_bwd_weight_A(const ig_bwd_weight_op *op, __global const T *dy, const ig_bwd_weight_rowt *m,
+                              const ig_bwd_weight_redt *r) {
+    return (m->ok && r->ok) ? LD(dy, m->yo + r->yo) : 0;
+}
+
+IG_INLINE ACC ig_bwd_weight_B(const ig_bwd_weight_op *op, __global const T *x, const ig_bwd_weight_redt *r,
+                              const ig_bwd_weight_colt *n) {
+    const conv_desc *d = &op->d;
+    /* !r.ok and !n.ok were folded into b0 / d0 (red() and col()) */
+    if (!(INSIDE(r->b0 + n->d0, d->X[0]) && INSIDE(r->b1 + n->d1, d->X[1]) && INSIDE(r->b2 + n->d2, d->X[2])))
+        return 0;
+    return LD(x, n->xo + r->xo);
+}
+
+/* The weight element (kk, n) with n = (c, tap) over CX*taps: its offset in dw. */
+IG_INLINE idx_t ig_weight_at(const conv_desc *d, idx_t kk, idx_t n) {
+    idx_t c, r0, r1, r2;
+    chan_tap(d, n, d->CX, 0, &c, &r0, &r1, &r2);
+    return d->wo + kk * d->ws[0] + c * d->ws[1] + r0 * d->ws[2] + r1 * d->ws[3] + r2 * d->ws[4];
+}
+
+IG_INLINE void ig_bwd_weight_store(const ig_bwd_weight_op *op, __global T *dw, __global const T *b,
+                                   __global ACC *wsp, idx_t k, idx_t n, ACC v) {
+    const conv_desc *d = &op->d;
+    const idx_t kk = op->g * d->CY + k, row = d->CX * d->K[0] * d->K[1] * d->K[2];
+    if (d->total > 1)
+        wsp[(op->split * d->G * d->CY + kk) * row + n] = v;
+    else
+        ST(dw, ig_weight_at(d, kk, n), v);
+}
+
+#define IG_OP bwd_weight
+#include "igemm_tile.h"
+
+/* ---- kernels ------------------------------------------------------------------------------------------------ */
+__kernel void igemm_fwd(const conv_desc d, __global const T *x, __global const T *w, __global const T *b,
+                        __global T *y) {
+    __local ACC As[IG_BK * IG_LDA], Bs[IG_BK * IG_LDB];
+    ig_fwd_op op;
+    op.d = d, op.g = (idx_t)get_group_id(2);
+    ig_fwd_tile(&op, x, w, y, b, 0, d.N * d.Y[0] * d.Y[1] * d.Y[2], d.CY, 0, d.CX * d.K[0] * d.K[1] * d.K[2],
+                As, Bs);
+}
+
+/* Grid z = groups x S0*S1*S2 phases; grid x covers the largest phase (phase 0), smaller ones exit early.
+ * Also the transposed forward (b: the transposed convolution's bias, per x channel). */
+__kernel void igemm_bwd_data(const conv_desc d, __global const T *dy, __global const T *w, __global const T *b,
+                             __global T *dx) {
+    __local ACC As[IG_BK * IG_LDA], Bs[IG_BK * IG_LDB];
+    const idx_t phases = d.S[0] * d.S[1] * d.S[2], z = (idx_t)get_group_id(2);
+    ig_bwd_data_op op;
+    ig_bwd_data_init(&op, d, z / phases, z % phases);
+    const idx_t M = d.N * op.E[0] * op.E[1] * op.E[2];
+    if ((idx_t)get_group_id(0) * IG_BM >= M) return;
+    ig_bwd_data_tile(&op, dy, w, dx, b, 0, M, d.CX, 0, d.CY * op.tp, As, Bs);
+}
+
+/* Grid z = groups x d.total splits; split s reduces positions [s*d.red, (s+1)*d.red) of N*Y0*Y1*Y2. With one
+ * split the tile is written to dw, else to the workspace part (split, co, c, tap). */
+__kernel void igemm_bwd_weight(const conv_desc d, __global const T *x, __global const T *dy, __global T *dw,
+                               __global ACC *part) {
+    __local ACC As[IG_BK * IG_LDA], Bs[IG_BK * IG_LDB];
+    const idx_t z = (idx_t)get_group_id(2), reduction = d.N * d.Y[0] * d.Y[1] * d.Y[2];
+    ig_bwd_weight_op op;
+    op.d = d, op.g = z / d.total, op.split = z % d.total;
+    const idx_t lo = op.split * d.red, hi = min(reduction, lo + d.red);
+    ig_bwd_weight_tile(&op, dy, x, dw, 0, part, d.CY, d.CX * d.K[0] * d.K[1] * d.K[2], lo, hi, As, Bs);
+}
+
+/* dw = the sum of the d.red splits' partial tiles, in split order; one work-item per weight element of d.total. */
+__kernel void igemm_finalize(const conv_desc d, __global const ACC *part, __global T *dw) {
+    const idx_t e = (idx_t)get_global_id(0);
+    if (e >= d.total) return;
+    ACC acc = 0;
+    for (idx_t s = 0; s < d.red; ++s) acc += part[s * d.total + e];
+    const idx_t row = d.CX * d.K[0] * d.K[1] * d.K[2];
+    ST(dw, ig_weight_at(&d, e / row, e % row), acc);
+}

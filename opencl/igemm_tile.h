@@ -1,0 +1,71 @@
+/* The work-group tile of Note [OpenCL implicit GEMM] (igemm.cl), instantiated once per direction: igemm.cl
+ * defines IG_OP (fwd, bwd_data, bwd_weight) and the op's types and functions ig_<op>_{op,rowt,colt,redt} and
+ * ig_<op>_{row,col,red,A,B,store}, then includes this file, which defines ig_<op>_fetch and ig_<op>_tile.
+ * (OpenCL C has no templates; the CUDA set's pc_igemm_run in cuda/conv_igemm.cuh is the same loop.)
+ */
+#define IGN(s) IG_CAT(IG_CAT(ig_, IG_OP), s)
+
+/* The next reduction step's gathers of one load work-item: its reduction index r, IG_AJ rows and IG_BJ columns. */
+IG_INLINE void IGN(_fetch)(const IGN(_op) *op, __global const T *pa, __global const T *pb, const IGN(_rowt) *rows,
+                           const IGN(_colt) *cols, idx_t r, idx_t rend, ACC *ra, ACC *rb) {
+    const IGN(_redt) d = IGN(_red)(op, r, rend);
+#pragma unroll
+    for (int j = 0; j < IG_AJ; ++j) ra[j] = IGN(_A)(op, pa, &rows[j], &d);
+#pragma unroll
+    for (int j = 0; j < IG_BJ; ++j) rb[j] = IGN(_B)(op, pb, &d, &cols[j]);
+}
+
+/* C[m0:m0+IG_BM, n0:n0+IG_BN] of one group = sum over r in [rbeg, rend) of A[m, r] B[r, n]; rows past M and
+ * columns past NC are gathered as zeros and not stored. As/Bs: IG_BK x (IG_BM|IG_BN + IG_PAD) of local memory. */
+IG_INLINE void IGN(_tile)(const IGN(_op) *op, __global const T *pa, __global const T *pb, __global T *out,
+                          __global const T *bias, __global ACC *wsp, idx_t M, idx_t NC, idx_t rbeg, idx_t rend,
+                          __local ACC *As, __local ACC *Bs) {
+    const int tid = (int)get_local_id(0), rr = tid % IG_BK, lq = tid / IG_BK;
+    const int tx = tid % IG_NX, ty = tid / IG_NX;
+    const idx_t m0 = (idx_t)get_group_id(0) * IG_BM, n0 = (idx_t)get_group_id(1) * IG_BN;
+    IGN(_rowt) rows[IG_AJ];
+    IGN(_colt) cols[IG_BJ];
+#pragma unroll
+    for (int j = 0; j < IG_AJ; ++j) rows[j] = IGN(_row)(op, m0 + lq + IG_LQ * j, M);
+#pragma unroll
+    for (int j = 0; j < IG_BJ; ++j) cols[j] = IGN(_col)(op, n0 + lq + IG_LQ * j, NC);
+    ACC ra[IG_AJ], rb[IG_BJ], acc[IG_TM][IG_TN];
+#pragma unroll
+    for (int i = 0; i < IG_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < IG_TN; ++j) acc[i][j] = 0;
+    IGN(_fetch)(op, pa, pb, rows, cols, rbeg + rr, rend, ra, rb);
+    for (idx_t r0 = rbeg; r0 < rend; r0 += IG_BK) {
+#pragma unroll
+        for (int j = 0; j < IG_AJ; ++j) As[rr * IG_LDA + lq + IG_LQ * j] = ra[j];
+#pragma unroll
+        for (int j = 0; j < IG_BJ; ++j) Bs[rr * IG_LDB + lq + IG_LQ * j] = rb[j];
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (r0 + IG_BK < rend) IGN(_fetch)(op, pa, pb, rows, cols, r0 + IG_BK + rr, rend, ra, rb);
+#pragma unroll
+        for (int kk = 0; kk < IG_BK; ++kk) {
+            ACC av[IG_TM], bv[IG_TN];
+#pragma unroll
+            for (int i = 0; i < IG_TM; ++i) av[i] = As[kk * IG_LDA + ty + IG_NY * i];
+#pragma unroll
+            for (int j = 0; j < IG_TN; ++j) bv[j] = Bs[kk * IG_LDB + tx + IG_NX * j];
+#pragma unroll
+            for (int i = 0; i < IG_TM; ++i)
+#pragma unroll
+                for (int j = 0; j < IG_TN; ++j) acc[i][j] = IG_FMA(av[i], bv[j], acc[i][j]);
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+#pragma unroll
+    for (int i = 0; i < IG_TM; ++i) {
+        const idx_t m = m0 + ty + IG_NY * i;
+#pragma unroll
+        for (int j = 0; j < IG_TN; ++j) {
+            const idx_t n = n0 + tx + IG_NX * j;
+            if (m < M && n < NC) IGN(_store)(op, out, bias, wsp, m, n, acc[i][j]);
+        }
+    }
+}
+
+#undef IGN
+#undef IG_OP

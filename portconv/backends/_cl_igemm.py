@@ -1,0 +1,133 @@
+"""The opencl backend's tiled implicit-GEMM kernels (opencl/igemm.cl): when they run, their tiles, their launches."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from .. import knobs
+from . import _cl_runtime as rt
+
+# Note [OpenCL dense algorithm]: dense problems (every problem the depthwise rule does not take) run either the
+# direct kernels of conv.cl (one work-item per result, no data reuse) or the implicit-GEMM tiles of igemm.cl (Note
+# [OpenCL implicit GEMM]). PORTCONV_OPENCL_DENSE=direct|igemm forces one; by default GPUs run the tiles and CPUs
+# run DENSE_CPU_DEFAULT, chosen by the PoCL measurements in docs/performance/notes-opencl.md (igemm v1/v2).
+# Backward-data (and the transposed forward) runs by phases, which need dilation 1 on every axis with a stride
+# above 1; other problems run that direction on the direct kernel (the plan's reason says so).
+DENSE_CPU_DEFAULT = "igemm"
+MODES = ("direct", "igemm")
+WORKSPACE_BYTES = 64 << 20  # cap of the split grad-weight's partial sums
+
+
+@dataclasses.dataclass(frozen=True)
+class IgSpec:
+    """One tile configuration of igemm.cl: an IG_BM x IG_BN tile, IG_TM x IG_TN results per work-item."""
+
+    bm: int
+    bn: int
+    bk: int
+    tm: int
+    tn: int
+    cpu: bool = False
+    phases: bool = True  # backward-data by phases; False: the direct kernel (a strided and dilated axis)
+
+    @property
+    def threads(self) -> int:
+        return (self.bm // self.tm) * (self.bn // self.tn)
+
+    @property
+    def defines(self) -> tuple[str, ...]:
+        return (f"IG_BM={self.bm}", f"IG_BN={self.bn}", f"IG_BK={self.bk}", f"IG_TM={self.tm}",
+                f"IG_TN={self.tn}") + (("IG_CPU",) if self.cpu else ())
+
+    def describe(self) -> str:
+        return (f"{self.bm}x{self.bn} tiles, reduction step {self.bk}, {self.tm}x{self.tn} results per work-item "
+                f"({self.threads}-item work-groups)")
+
+
+GPU_TILE = IgSpec(64, 64, 16, 4, 4)
+CPU_TILE = IgSpec(32, 32, 8, 4, 4, cpu=True)  # the fastest of 8 shapes on PoCL (notes-opencl.md igemm v1)
+
+
+def mode(device_kind: str) -> tuple[str, str]:
+    """('direct' | 'igemm', why) for a dense problem on a device of this kind (Note [OpenCL dense algorithm])."""
+    forced = (knobs.get("PORTCONV_OPENCL_DENSE") or "").strip().lower()
+    if forced in MODES:
+        return forced, f"PORTCONV_OPENCL_DENSE={forced}"
+    if device_kind == "cpu":
+        return DENSE_CPU_DEFAULT, "the CPU default (PoCL measurements, docs/performance/notes-opencl.md)"
+    return "igemm", "the GPU default"
+
+
+def spec(geo, cpu: bool) -> IgSpec:
+    base = CPU_TILE if cpu else GPU_TILE
+    phases = all(s == 1 or d == 1 for s, d in zip(geo.S, geo.DL))
+    return base if phases else dataclasses.replace(base, phases=False)
+
+
+def reason(geo, sp: IgSpec, transposed: bool, why: str, device: str) -> str:
+    t = ("; the transposed forward is the backward-data kernel, its backward-data the forward kernel"
+         if transposed else "")
+    bwd = (f"igemm_bwd_data by phases ({math.prod(geo.S)} phase(s) x {geo.G} group(s); rows: N x the phase's "
+           f"positions, columns: {geo.CX} channel(s), reduction: {geo.CY} channel(s) x the phase's taps)"
+           if sp.phases else
+           "the direct kernel (an axis with both stride and dilation above 1 has no phase decomposition)")
+    return (f"implicit-GEMM kernels (opencl/igemm.cl) on {device}, {sp.describe()}, chosen by {why}: forward: "
+            f"igemm_fwd (rows: N x output positions, columns: {geo.CY} channel(s), reduction: {geo.CX} channel(s) x "
+            f"{geo.taps} tap(s), {geo.G} group(s)); backward-data: {bwd}; grad-weight: igemm_bwd_weight (rows: "
+            f"{geo.CY} channel(s), columns: {geo.CX} channel(s) x {geo.taps} tap(s), reduction: N x positions = "
+            f"{geo.reduction}) split over the reduction, the partial sums added in order by igemm_finalize "
+            f"(no atomics){t}")
+
+
+def splits(geo, sp: IgSpec, compute_units: int, acc_bytes: int) -> tuple[int, int]:
+    """(splits, positions per split) of the grad-weight reduction: enough work-groups to fill the device (4 per
+    compute unit), at least 16 reduction steps per split, at most 64 splits, workspace within WORKSPACE_BYTES."""
+    red = geo.reduction
+    tiles = -(-geo.CY // sp.bm) * -(-(geo.CX * geo.taps) // sp.bn) * geo.G
+    count = geo.G * geo.CY * geo.CX * geo.taps
+    want = -(-4 * max(1, compute_units) // tiles)
+    n = max(1, min(64, want, red // (16 * sp.bk), WORKSPACE_BYTES // max(1, count * acc_bytes)))
+    chunk = -(-red // n) if red else 0
+    chunk = -(-chunk // sp.bk) * sp.bk
+    return (-(-red // chunk) if chunk else 1), chunk
+
+
+def _grid(call, name, desc, tensors, args, m, n, z, extra=0):
+    """One launch of an igemm kernel over (m tiles x threads, n tiles, z) work-items."""
+    sp = call.ig
+    items = -(-m // sp.bm) * sp.threads * -(-n // sp.bn) * z
+    desc.idx64 = rt.force_idx64 or not rt.index_fits_int32(items + 64, extra, *(t.span for t in tensors))
+    entry = call.rt.ig_kernel(call.dtype, desc.idx64, sp.defines, name)
+    gsize = (-(-m // sp.bm) * sp.threads, -(-n // sp.bn), z)
+    return call._launch(entry, "ig_" + name, desc, args, gsize, (sp.threads, 1, 1))
+
+
+def fwd(call, x, w, y, bbuf, bkw, xs, ws, ys):
+    g = call.geo
+    d = call._desc(0, xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset, c_inner=call.c_inner, **bkw)
+    return _grid(call, "fwd", d, (x, w, y), (x, w, bbuf, y), g.N * math.prod(g.Y), g.CY, g.G)
+
+
+def bwd_data(call, y, w, x, bbuf, bkw, xs, ws, ys):
+    g = call.geo
+    d = call._desc(0, xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset, c_inner=call.c_inner, **bkw)
+    largest = g.N * math.prod(-(-xx // s) for xx, s in zip(g.X, g.S))  # phase 0
+    return _grid(call, "bwd_data", d, (x, w, y), (y, w, bbuf, x), largest, g.CX, g.G * math.prod(g.S))
+
+
+def bwd_weight(call, x, y, w, xs, ws, ys):
+    g, sp = call.geo, call.ig
+    acc = 8 if call.dtype == "float64" else 4
+    n_split, chunk = splits(g, sp, call.rt.device.max_compute_units, acc)
+    count = g.G * g.CY * g.CX * g.taps
+    part = call._scratch(count * n_split * acc) if n_split > 1 else call.rt.dummy()
+    d = call._desc(n_split, xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset, red=chunk)
+    evt = _grid(call, "bwd_weight", d, (x, w, y), (x, y, w, part), g.CY, g.CX * g.taps, g.G * n_split,
+                count * n_split)
+    if n_split == 1:
+        return evt
+    d = call._desc(count, ws=ws, wo=w.offset, red=n_split)
+    d.idx64 = rt.force_idx64 or not rt.index_fits_int32(count * n_split + 64, w.span)
+    entry = call.rt.ig_kernel(call.dtype, d.idx64, sp.defines, "finalize")
+    ls = 16 if call.rt.is_cpu else 64
+    return call._launch(entry, "ig_finalize", d, (part, w), (count,), (ls,))
