@@ -38,9 +38,16 @@
 #endif
 /* a*b+c, contracted to an FMA (OpenCL's default FP_CONTRACT) without PoCL's out-of-line fma() */
 #define IG_FMA(a, b, c) ((a) * (b) + (c))
+/* IG_PREFETCH: the next step's gathers are issued between the two barriers, before the current step's products
+ * (register double buffering, GPUs); 0: after the second barrier, so the products are a barrier region of their
+ * own that PoCL can vectorise across work-items (CPUs). */
 #ifdef IG_CPU
 #define IG_INLINE inline __attribute__((always_inline))
+#ifndef IG_PREFETCH
+#define IG_PREFETCH 0
+#endif
 #else
+#define IG_PREFETCH 1
 #define IG_INLINE inline
 #endif
 

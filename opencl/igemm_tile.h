@@ -41,7 +41,9 @@ IG_INLINE void IGN(_tile)(const IGN(_op) *op, __global const T *pa, __global con
 #pragma unroll
         for (int j = 0; j < IG_BJ; ++j) Bs[rr * IG_LDB + lq + IG_LQ * j] = rb[j];
         barrier(CLK_LOCAL_MEM_FENCE);
+#if IG_PREFETCH
         if (r0 + IG_BK < rend) IGN(_fetch)(op, pa, pb, rows, cols, r0 + IG_BK + rr, rend, ra, rb);
+#endif
 #pragma unroll
         for (int kk = 0; kk < IG_BK; ++kk) {
             ACC av[IG_TM], bv[IG_TN];
@@ -55,6 +57,9 @@ IG_INLINE void IGN(_tile)(const IGN(_op) *op, __global const T *pa, __global con
                 for (int j = 0; j < IG_TN; ++j) acc[i][j] = IG_FMA(av[i], bv[j], acc[i][j]);
         }
         barrier(CLK_LOCAL_MEM_FENCE);
+#if !IG_PREFETCH
+        if (r0 + IG_BK < rend) IGN(_fetch)(op, pa, pb, rows, cols, r0 + IG_BK + rr, rend, ra, rb);
+#endif
     }
 #pragma unroll
     for (int i = 0; i < IG_TM; ++i) {

@@ -388,8 +388,9 @@ def _dw_case(shape, k, stride=1, padding=1, mult=1, n=2, dtype=torch.float32, fm
     return x, w, b, p
 
 
-def _run_all(x, w, b, p, dtype):
-    """Forward and all three gradients against the float64 reference; returns the kernels launched."""
+def _run_all(x, w, b, p, dtype, kernels=DW_KERNELS):
+    """Forward and all three gradients against the float64 reference; returns the plan and which of ``kernels``
+    were launched how often."""
     plan = opencl_plan(x, w, b, p)
     before = dict(rt.stats)
     y = plan.forward(x, w, b)
@@ -399,7 +400,7 @@ def _run_all(x, w, b, p, dtype):
     check(y, ry, dtype, "output")
     for out, ref, name in zip(got, refs, ("grad_input", "grad_weight", "grad_bias")):
         check(out, ref, dtype, name)
-    return plan, {k: rt.stats[k] - before.get(k, 0) for k in DW_KERNELS if rt.stats[k] - before.get(k, 0)}
+    return plan, {k: rt.stats[k] - before.get(k, 0) for k in kernels if rt.stats[k] - before.get(k, 0)}
 
 
 DW_EDGES = [  # (id, shape (C, *spatial), kernel, stride, padding, channel multiplier, batch)
@@ -663,17 +664,7 @@ def _ig_case(n, cin, cout, sp, k, stride=1, padding=0, dilation=1, groups=1, tra
 
 
 def _ig_run(x, w, b, p, dtype):
-    """Forward and all three gradients against the float64 reference; returns the plan and the kernels launched."""
-    plan = opencl_plan(x, w, b, p)
-    before = dict(rt.stats)
-    y = plan.forward(x, w, b)
-    go = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
-    got = plan.backward(go, x, w, (True, True, True))
-    ry, *refs = reference(x, w, b, p, go)
-    check(y, ry, dtype, "output")
-    for out, ref, name in zip(got, refs, ("grad_input", "grad_weight", "grad_bias")):
-        check(out, ref, dtype, name)
-    return plan, {k: rt.stats[k] - before.get(k, 0) for k in IG_KERNELS if rt.stats[k] - before.get(k, 0)}
+    return _run_all(x, w, b, p, dtype, IG_KERNELS)
 
 
 @pytest.fixture
@@ -710,7 +701,13 @@ IG_EDGES = [  # (id, kwargs of _ig_case): M, N and the reduction off the 64 x 64
                                   transposed=True, out_pad=1)),
     ("split-grad-weight", dict(n=3, cin=3, cout=5, sp=(33, 31), k=(3, 3), padding=1)),
     ("single-input-channel", dict(n=2, cin=1, cout=8, sp=(21, 40), k=(5, 7), stride=2)),
+    ("narrow-groups8", dict(n=2, cin=32, cout=24, sp=(11, 10), k=(3, 3), stride=2, padding=1, groups=8)),
+    ("narrow-rows-split", dict(n=4, cin=40, cout=6, sp=(30, 29), k=(1, 1))),
 ]
+
+
+def _edge(name):
+    return dict(next(e[1] for e in IG_EDGES if e[0] == name))
 
 
 # every shape in float32 and float64; float16 and bfloat16 on a spread of them (the conformance grid runs them all)
@@ -738,7 +735,7 @@ def test_igemm_edge_shapes(edge, dt, dense_mode):
 
 
 @pytest.mark.parametrize("tile", [(64, 64, 16, 4, 4), (32, 64, 8, 4, 8), (64, 32, 16, 8, 4), (16, 16, 8, 2, 2),
-                                  (128, 64, 16, 8, 4)],
+                                  (128, 64, 16, 8, 4), (128, 128, 8, 8, 8)],
                          ids=lambda t: "x".join(map(str, t)))
 def test_igemm_tile_configurations(tile, dense_mode, monkeypatch):
     """Other tile shapes than the default (the GPU and CPU defaults are tables, not fixed by the kernels)."""
@@ -748,7 +745,7 @@ def test_igemm_tile_configurations(tile, dense_mode, monkeypatch):
     monkeypatch.setattr(_cl_igemm, "CPU_TILE", _cl_igemm.IgSpec(*tile, cpu=True))
     monkeypatch.setattr(_cl_igemm, "GPU_TILE", _cl_igemm.IgSpec(*tile))
     for name in ("m-n-red-off-tile", "groups4-stride2", "transposed-s2-outpad", "split-grad-weight", "channels-last"):
-        x, w, b, p = _ig_case(**dict(IG_EDGES[[e[0] for e in IG_EDGES].index(name)][1]))
+        x, w, b, p = _ig_case(**_edge(name))
         _ig_run(x, w, b, p, torch.float32)
 
 
@@ -758,15 +755,15 @@ def test_igemm_gpu_settings_idx64_and_determinism(dense_mode, monkeypatch):
 
     dense_mode("igemm")
     monkeypatch.setattr(_cl_igemm, "CPU_TILE", _cl_igemm.GPU_TILE)
-    x, w, b, p = _ig_case(**dict(IG_EDGES[-2][1]))
+    x, w, b, p = _ig_case(**_edge("split-grad-weight"))
     plan, launched = _ig_run(x, w, b, p, torch.float32)
     assert launched.get("ig_finalize") == 1
     go = torch.randn(p.output_shape(x.shape, w.shape), generator=torch.Generator().manual_seed(2))
     first = plan.backward(go, x, w, (True, True, False))
     assert all(torch.equal(a, c) for a, c in zip(first[:2], plan.backward(go, x, w, (True, True, False))[:2]))
     monkeypatch.setattr(rt, "force_idx64", True)
-    for name in ("split-grad-weight", "transposed-groups-3d", "channels-last"):
-        x, w, b, p = _ig_case(**dict(IG_EDGES[[e[0] for e in IG_EDGES].index(name)][1]))
+    for name in ("split-grad-weight", "transposed-groups-3d", "channels-last", "narrow-groups8", "narrow-rows-split"):
+        x, w, b, p = _ig_case(**_edge(name))
         _ig_run(x, w, b, p, torch.float32)
 
 
@@ -824,3 +821,18 @@ def test_igemm_splits_table():
     assert splits(geo(1, 4, 4, (5, 5)), GPU_TILE, 132, 4) == (1, 32)  # too short to split
     assert splits(geo(32, 2048, 2048, (14, 14)), GPU_TILE, 132, 4)[0] == 1  # 9216 tiles fill the GPU
     assert splits(geo(32, 512, 512, (28, 28)), GPU_TILE, 2, 4) == (1, 25088)  # 2-core CPU: the tiles suffice
+
+
+def test_igemm_narrow_tiles():
+    """GEMMs with few columns or rows per group (resnext50-g32: 4 channels per group) run a tile narrow on that side."""
+    from portconv.backends._cl_igemm import CPU_TILE, GPU_TILE, NARROW_TILES, fit
+
+    assert fit(GPU_TILE, 100352, 256) == GPU_TILE
+    assert fit(GPU_TILE, 100352, 4) == NARROW_TILES[(False, "cols", 16)]  # forward, 4 output channels per group
+    assert fit(GPU_TILE, 4, 36) == NARROW_TILES[(False, "rows", 16)]  # grad-weight, 4 output channels per group
+    assert fit(CPU_TILE, 3136, 16) == NARROW_TILES[(True, "cols", 16)]
+    assert fit(CPU_TILE, 3136, 4) == NARROW_TILES[(True, "cols", 4)]
+    assert fit(CPU_TILE, 8, 8) == NARROW_TILES[(True, "rows", 16)]
+    assert fit(CPU_TILE, 3, 36) == NARROW_TILES[(True, "rows", 4)]
+    assert fit(NARROW_TILES[(True, "cols", 4)], 3136, 4) == NARROW_TILES[(True, "cols", 4)]
+    assert fit(GPU_TILE, 17, 17) == GPU_TILE

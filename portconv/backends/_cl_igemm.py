@@ -41,11 +41,30 @@ class IgSpec:
 
     def describe(self) -> str:
         return (f"{self.bm}x{self.bn} tiles, reduction step {self.bk}, {self.tm}x{self.tn} results per work-item "
-                f"({self.threads}-item work-groups)")
+                f"({self.threads}-item work-groups; a GEMM with <= {NARROW} rows or columns per group: a tile narrow "
+                f"on that side)")
 
 
 GPU_TILE = IgSpec(64, 64, 16, 4, 4)
 CPU_TILE = IgSpec(32, 32, 8, 4, 4, cpu=True)  # the fastest of 8 shapes on PoCL (notes-opencl.md igemm v1)
+# A GEMM with at most 16 (CPU: 4 or 16) columns or rows per group, such as the 4 channels per group of resnext50-g32,
+# runs a tile that narrow on that side (a 64-wide tile would compute 16x the useful products; igemm v2). A tile of
+# width BN needs IG_NT / IG_BK <= BN work-items per load pass: 4 wide means 32-item groups, kept to the CPU.
+NARROW = 16
+NARROW_TILES = {(False, "cols", 16): IgSpec(128, 16, 8, 8, 2), (False, "rows", 16): IgSpec(16, 128, 8, 2, 8),
+                (True, "cols", 16): IgSpec(64, 16, 8, 8, 4, cpu=True),
+                (True, "rows", 16): IgSpec(16, 64, 8, 4, 8, cpu=True),
+                (True, "cols", 4): IgSpec(64, 4, 8, 8, 1, cpu=True),
+                (True, "rows", 4): IgSpec(4, 64, 8, 1, 8, cpu=True)}
+
+
+def fit(sp: IgSpec, rows: int, cols: int) -> IgSpec:
+    """The tile of one GEMM of ``rows`` x ``cols`` per group: ``sp``, or a narrow one (NARROW_TILES)."""
+    side, size = ("cols", cols) if cols <= NARROW and cols < rows else ("rows", rows)
+    widths = [w for (cpu, sd, w) in NARROW_TILES if cpu == sp.cpu and sd == side and size <= w]
+    if not widths or (sp.bn if side == "cols" else sp.bm) <= min(widths):
+        return sp
+    return dataclasses.replace(NARROW_TILES[(sp.cpu, side, min(widths))], phases=sp.phases)
 
 
 def mode(device_kind: str) -> tuple[str, str]:
@@ -92,9 +111,9 @@ def splits(geo, sp: IgSpec, compute_units: int, acc_bytes: int) -> tuple[int, in
     return (-(-red // chunk) if chunk else 1), chunk
 
 
-def _grid(call, name, desc, tensors, args, m, n, z, extra=0):
-    """One launch of an igemm kernel over (m tiles x threads, n tiles, z) work-items."""
-    sp = call.ig
+def _grid(call, name, desc, tensors, args, m, n, z, extra=0, sp=None):
+    """One launch of an igemm kernel over (m tiles x threads, n tiles, z) work-items (m x n: one group's GEMM)."""
+    sp = sp or fit(call.ig, m, n)
     items = -(-m // sp.bm) * sp.threads * -(-n // sp.bn) * z
     desc.idx64 = rt.force_idx64 or not rt.index_fits_int32(items + 64, extra, *(t.span for t in tensors))
     entry = call.rt.ig_kernel(call.dtype, desc.idx64, sp.defines, name)
@@ -116,14 +135,15 @@ def bwd_data(call, y, w, x, bbuf, bkw, xs, ws, ys):
 
 
 def bwd_weight(call, x, y, w, xs, ws, ys):
-    g, sp = call.geo, call.ig
+    g = call.geo
+    sp = fit(call.ig, g.CY, g.CX * g.taps)
     acc = 8 if call.dtype == "float64" else 4
     n_split, chunk = splits(g, sp, call.rt.device.max_compute_units, acc)
     count = g.G * g.CY * g.CX * g.taps
     part = call._scratch(count * n_split * acc) if n_split > 1 else call.rt.dummy()
     d = call._desc(n_split, xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset, red=chunk)
     evt = _grid(call, "bwd_weight", d, (x, w, y), (x, y, w, part), g.CY, g.CX * g.taps, g.G * n_split,
-                count * n_split)
+                count * n_split, sp)
     if n_split == 1:
         return evt
     d = call._desc(count, ws=ws, wo=w.offset, red=n_split)
