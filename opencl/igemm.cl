@@ -355,6 +355,7 @@ __kernel void igemm_finalize(const conv_desc d, __global const ACC *part, __glob
     if (e >= d.total) return;
     ACC acc = 0;
     for (idx_t s = 0; s < d.red; ++s) acc += part[s * d.total + e];
+    const conv_desc dd = d;
     const idx_t row = d.CX * d.K[0] * d.K[1] * d.K[2];
-    ST(dw, ig_weight_at(&d, e / row, e % row), acc);
+    ST(dw, ig_weight_at(&dd, e / row, e % row), acc);
 }

@@ -187,7 +187,7 @@ def test_bench_runs_opencl_and_aten(tiny_suite, tmp_path, capsys):
         for label in ("torch", "opencl", "aten"):
             _check_cell_numbers(rep, row, label)
         assert row["rotation"]["sets"] >= 2
-    assert rep["rows"][1]["results"]["opencl"]["plan"]["algorithm"] == "direct-transposed"
+    assert rep["rows"][1]["results"]["opencl"]["plan"]["algorithm"] == "igemm-transposed"
     assert rep["environment"]["versions"]["torch"] and rep["settings"]["runs"] == 5
     assert "tiny-tconv-cl" in text and "opencl" in text and "floor" in text
     md = (out / "bench.md").read_text()

@@ -836,3 +836,14 @@ def test_igemm_narrow_tiles():
     assert fit(CPU_TILE, 3, 36) == NARROW_TILES[(True, "rows", 4)]
     assert fit(NARROW_TILES[(True, "cols", 4)], 3136, 4) == NARROW_TILES[(True, "cols", 4)]
     assert fit(GPU_TILE, 17, 17) == GPU_TILE
+
+
+def test_igemm_tile_too_large_for_the_device_runs_the_direct_kernels(dense_mode, monkeypatch):
+    """A device whose kernel work-group limit is below the tile's work-items runs the direct kernels instead."""
+    dense_mode("igemm")
+    orig = rt.Runtime.ig_kernel
+    monkeypatch.setattr(rt.Runtime, "ig_kernel", lambda self, *a: (orig(self, *a)[0], 8))
+    x, w, b, p = _ig_case(**_edge("m-n-red-off-tile"))
+    plan, launched = _ig_run(x, w, b, p, torch.float32)
+    assert plan.algorithm == "igemm"
+    assert launched == {"fwd": 1, "bwd_data": 1, "bwd_weight": 1}

@@ -16,6 +16,9 @@ from . import _cl_runtime as rt
 DENSE_CPU_DEFAULT = "igemm"
 MODES = ("direct", "igemm")
 WORKSPACE_BYTES = 64 << 20  # cap of the split grad-weight's partial sums
+# Returned instead of an event when the device cannot run a tile's work-group size for this kernel
+# (CL_KERNEL_WORK_GROUP_SIZE below IG_NT): the caller runs the direct kernel instead (stats["ig_too_large"]).
+TOO_LARGE = object()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +120,9 @@ def _grid(call, name, desc, tensors, args, m, n, z, extra=0, sp=None):
     items = -(-m // sp.bm) * sp.threads * -(-n // sp.bn) * z
     desc.idx64 = rt.force_idx64 or not rt.index_fits_int32(items + 64, extra, *(t.span for t in tensors))
     entry = call.rt.ig_kernel(call.dtype, desc.idx64, sp.defines, name)
+    if entry[1] < sp.threads:
+        rt.stats["ig_too_large"] += 1
+        return TOO_LARGE
     gsize = (-(-m // sp.bm) * sp.threads, -(-n // sp.bn), z)
     return call._launch(entry, "ig_" + name, desc, args, gsize, (sp.threads, 1, 1))
 
@@ -140,8 +146,11 @@ def bwd_weight(call, x, y, w, xs, ws, ys):
     acc = 8 if call.dtype == "float64" else 4
     n_split, chunk = splits(g, sp, call.rt.device.max_compute_units, acc)
     count = g.G * g.CY * g.CX * g.taps
-    part = call._scratch(count * n_split * acc) if n_split > 1 else call.rt.dummy()
     d = call._desc(n_split, xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset, red=chunk)
+    if call.rt.ig_kernel(call.dtype, rt.force_idx64, sp.defines, "bwd_weight")[1] < sp.threads:
+        rt.stats["ig_too_large"] += 1
+        return TOO_LARGE
+    part = call._scratch(count * n_split * acc) if n_split > 1 else call.rt.dummy()
     evt = _grid(call, "bwd_weight", d, (x, w, y), (x, y, w, part), g.CY, g.CX * g.taps, g.G * n_split,
                 count * n_split, sp)
     if n_split == 1:

@@ -270,7 +270,9 @@ class _Call:
             return self._dw_run("fwd", d, (x, w, y), (x, w, bbuf, y),
                                 (*self.dw.grid(g.Y), planes), self.dw.local)
         if self.ig is not None and math.prod(y.shape):
-            return igemm.fwd(self, x, w, y, bbuf, bkw, xs, ws, ys)
+            evt = igemm.fwd(self, x, w, y, bbuf, bkw, xs, ws, ys)
+            if evt is not igemm.TOO_LARGE:
+                return evt
         d = self._desc(math.prod(y.shape), xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset,
                        c_inner=self.c_inner, **bkw)
         return self._run("fwd", d, (x, w, y), (x, w, bbuf, y))
@@ -286,7 +288,9 @@ class _Call:
             return self._dw_run("bwd_data", d, (x, w, y), (y, w, bbuf, x),
                                 (*self.dw.grid(g.X), planes), self.dw.local)
         if self.ig is not None and self.ig.phases and math.prod(x.shape):
-            return igemm.bwd_data(self, y, w, x, bbuf, bkw, xs, ws, ys)
+            evt = igemm.bwd_data(self, y, w, x, bbuf, bkw, xs, ws, ys)
+            if evt is not igemm.TOO_LARGE:
+                return evt
         d = self._desc(math.prod(x.shape), xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset,
                        c_inner=self.c_inner, **bkw)
         return self._run("bwd_data", d, (x, w, y), (y, w, bbuf, x))
@@ -297,7 +301,9 @@ class _Call:
         if self._dw_ok(x, y) and math.prod(w.shape):
             return self._dw_bwd_weight(x, y, w, xs, ws, ys)
         if self.ig is not None and math.prod(w.shape):
-            return igemm.bwd_weight(self, x, y, w, xs, ws, ys)
+            evt = igemm.bwd_weight(self, x, y, w, xs, ws, ys)
+            if evt is not igemm.TOO_LARGE:
+                return evt
         d = self._desc(math.prod(w.shape), xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset,
                        c_inner=self.c_inner)
         return self._run("bwd_weight", d, (x, w, y), (x, y, w), _group_size(self.geo.reduction))
