@@ -11,23 +11,24 @@
 #   4. the same rows, opencl only, with other tiles (TILES, default "128,64,16,8,4 128,128,8,8,8": BM,BN,BK,TM,TN)
 #      -> $OUT/ocl-<tile>/ and the geomean of default_ms / tile_ms per direction (> 1: that tile is faster)
 #   5. the direct kernels (PORTCONV_OPENCL_DENSE=direct) on 6 rows -> $OUT/ocl-direct ("before")
-# STEPS="env test bench tile direct" (default: all) picks steps; ROWS overrides the row list.
+# STEPS="env test bench tile direct" (default: all) picks steps; ROWS overrides the row list; BENCH_ARGS is added to
+# every bench (a dry run on a CPU-only machine: PORTCONV_OPENCL_DEVICE=cpu BENCH_ARGS="--device cpu --scale-batch 1").
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 steps=" ${STEPS:-env test bench tile direct} "
 has() { [[ "$steps" == *" $1 "* ]]; }
 export PYTHONUNBUFFERED=1 PORTCONV_CACHE_DIR=/tmp/portconv-cache
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --find-links .whl --target /tmp/pyo \
+python3 -c "import pyopencl" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --find-links .whl --target /tmp/pyo \
   pyopencl pytools platformdirs siphash24 typing_extensions || exit 1
 export PYTHONPATH="$PWD:/tmp/pyo"
 mkdir -p /tmp/icd && echo libnvidia-opencl.so.1 > /tmp/icd/nvidia.icd
 cp /etc/OpenCL/vendors/pocl.icd /tmp/icd/ 2>/dev/null; export OCL_ICD_VENDORS=/tmp/icd
-export PORTCONV_OPENCL_DEVICE=gpu
+export PORTCONV_OPENCL_DEVICE=${PORTCONV_OPENCL_DEVICE:-gpu}
 DENSE='resnet50-stem,resnet50-l1-3x3,resnet50-l1-3x3-bf16-cl,resnet50-l3-3x3,resnet50-1x1-expand,resnet50-1x1-reduce,'\
 'resnet50-1x1-downsample,deepbench-b1-3x3,mbv2-pw-project,resnext50-g32,deeplabv3-aspp-d12,dcgan-gen-transposed,'\
 'vae-dec-transposed-bf16,deepbench-speech-c1,wav2vec2-conv1d,wav2vec2-posconv-g16,r3d18-l1-3d'
 ROWS=${ROWS:-$DENSE}
-BENCH="python3 -m portconv.bench --rows $ROWS --backend opencl,cudnn --cell-seconds 1 --runs 20 --no-torch-variants"
+BENCH="python3 -m portconv.bench --rows $ROWS --backend opencl,cudnn --cell-seconds 1 --runs 20 --no-torch-variants ${BENCH_ARGS:-}"
 # the per-direction geomean of cudnn / opencl medians (> 1: opencl faster) over the rows both ran
 ratio() {
   python3 - "$1" <<'EOF'
@@ -70,10 +71,10 @@ if has bench; then
 fi
 for tile in ${TILES:-128,64,16,8,4 128,128,8,8,8}; do
   has tile || break  # the same bench with another tile (GPU_TILE patched in this process only)
-  timeout 70 python3 -c "import sys; from portconv.backends import _cl_igemm as g
+  timeout 65 python3 -c "import sys; from portconv.backends import _cl_igemm as g
 g.GPU_TILE = g.IgSpec(*map(int, sys.argv[1].split(',')))
 from portconv.bench.cli import standalone; sys.exit(standalone(sys.argv[2:]))" "$tile" \
-    --rows "$ROWS" --backend opencl --cell-seconds 0.5 --runs 20 --no-torch-variants --out "$OUT/ocl-$tile" \
+    --rows "$ROWS" --backend opencl --cell-seconds 0.5 --runs 20 --no-torch-variants ${BENCH_ARGS:-} --out "$OUT/ocl-$tile" \
     > "$OUT/bench-ocl-$tile.txt" 2>&1; echo "== bench igemm tile $tile rc=$?"
   python3 - "$OUT/ocl/bench.json" "$OUT/ocl-$tile/bench.json" <<'EOF'
 import json, math, sys
@@ -88,8 +89,8 @@ for d in ("fwd", "bwd-data", "bwd-weight"):
 EOF
 done
 if has direct; then  # the direct kernels (before igemm) on a few rows, opencl only
-  PORTCONV_OPENCL_DENSE=direct timeout 50 python3 -m portconv.bench --backend opencl --cell-seconds 1 --runs 10 \
-    --min-runs 3 --no-torch-variants --out "$OUT/ocl-direct" \
+  PORTCONV_OPENCL_DENSE=direct timeout 60 python3 -m portconv.bench --backend opencl --cell-seconds 1 --runs 10 \
+    --min-runs 3 --no-torch-variants ${BENCH_ARGS:-} --out "$OUT/ocl-direct" \
     --rows resnet50-l1-3x3,resnet50-l3-3x3,resnet50-1x1-expand,deepbench-b1-3x3,wav2vec2-conv1d,dcgan-gen-transposed \
     > "$OUT/bench-ocl-direct.txt" 2>&1; echo "== bench direct rc=$?"
   grep -A3 "floor (ms" "$OUT/bench-ocl-direct.txt" | grep -E "^ *opencl" | head -8
