@@ -61,12 +61,12 @@ if has test; then
   PORTCONV_POISON=1 timeout 75 python3 -m pytest -q -p no:cacheprovider tests/test_conformance.py --backend opencl \
     > "$OUT/conformance-opencl-gpu.txt" 2>&1; echo "== conformance (opencl on the GPU) rc=$?"
   tail -2 "$OUT/conformance-opencl-gpu.txt"
-  timeout 45 python3 -m pytest -q -p no:cacheprovider tests/test_opencl.py -k "igemm or forced_direct or against" \
+  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_opencl.py -k "igemm or forced_direct or against" \
     > "$OUT/test-opencl-gpu.txt" 2>&1; echo "== tests/test_opencl.py igemm tests on the GPU rc=$?"
   grep -E "^(FAILED|ERROR)" "$OUT/test-opencl-gpu.txt" | cut -c1-200 | head -8; tail -1 "$OUT/test-opencl-gpu.txt"
 fi
 if has bench; then
-  timeout 150 $BENCH --out "$OUT/ocl" > "$OUT/bench-ocl.txt" 2>&1; echo "== bench igemm 64x64 rc=$?"
+  timeout 140 $BENCH --out "$OUT/ocl" > "$OUT/bench-ocl.txt" 2>&1; echo "== bench igemm 64x64 rc=$?"
   ratio "$OUT/ocl/bench.json" | tee "$OUT/ratio-ocl.txt"
 fi
 for tile in ${TILES:-128,64,16,8,4 128,128,8,8,8}; do
