@@ -325,6 +325,12 @@ def test_depthwise_v3_selection(monkeypatch):
     EmuCase(2, 1, 4, 5, 9, 3, padding=3, dilation=3),  # stride 1, dilation 3: one phase, dY steps of 3
     EmuCase(1, 2, 3, 4, 12, 3, padding="same", dilation=2, transposed=False, layout="strided"),
     EmuCase(2, 2, 4, 6, 5, 3, stride=2, padding=1, transposed=True, output_padding=1, layout="chlast"),
+    # Note [tap-major steps]: C/G (forward) and K/G (phase backward-data) multiples of 16
+    EmuCase(2, 2, 16, 16, 6, 3, padding=1),
+    EmuCase(2, 1, 32, 16, 7, 3, stride=2, padding=1, layout="chlast"),  # two steps per tap; 4 phases
+    EmuCase(1, 2, 16, 32, 9, 5, padding=2, dilation=2, layout="strided"),
+    EmuCase(3, 1, 16, 16, 4, 3, padding=1),
+    EmuCase(2, 1, 16, 32, 4, 3, stride=2, padding=1, transposed=True, output_padding=1),
 ], ids=lambda c: f"r{c.rank}s{c.stride}k{c.kernel}{'t' if c.transposed else ''}{c.layout}")
 def test_igemm_tc_host_path_on_cpu(emu_backend, case, monkeypatch):
     """The igemm-tc plan's host path (tile defines, grids, Note [bwd-data phases] kernel) with the emulator's FMA
