@@ -11,7 +11,7 @@ KNOBS = {
                                "platform/device name (default: the first GPU, else the first CPU device)"),
     "PORTCONV_OPENCL_DENSE": ("OpenCL kernels for dense (not depthwise) problems: 'igemm' (tiled implicit GEMM) or "
                               "'direct' (default: igemm on GPUs, the measured choice on CPUs); read when a plan is "
-                              "made (portconv.plan.clear_cache() after changing it)"),
+                              "made (part of the plan cache's key)"),
     "PORTCONV_POISON": "1: fill outputs with NaN before kernels run (the conformance suite sets it)",
     "PORTCONV_CACHE_DIR": "directory for compiled kernels and tuning results (default ~/.cache/portconv)",
     "PORTCONV_TUNE": "1: time candidate algorithms once per problem and persist the winner",

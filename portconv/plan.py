@@ -233,7 +233,8 @@ def clear_cache() -> None:
 # variables, use_backend(), tune(), and the torch flags that ATen's selection and validation read (cuDNN on/off,
 # determinism, TF32 precision, the depthwise-kernel switch; oneDNN/NNPACK and the thread count on the CPU). It is
 # part of every plan-cache key, and is cheap (~1 us): os.environ's raw mapping, torch._C getters.
-_ENV_NAMES = ("PORTCONV_BACKEND", "PORTCONV_DISABLE", "PORTCONV_OPENCL_DEVICE", "PORTCONV_TUNE", "PORTCONV_CACHE_DIR")
+_ENV_NAMES = ("PORTCONV_BACKEND", "PORTCONV_DISABLE", "PORTCONV_OPENCL_DEVICE", "PORTCONV_OPENCL_DENSE",
+              "PORTCONV_TUNE", "PORTCONV_CACHE_DIR")
 try:  # CPython's os.environ keeps the raw mapping (updated in place by os.environ[...] = ..., monkeypatch.setenv)
     _env_get, _env_keys = os.environ._data.get, tuple(os.environ.encodekey(n) for n in _ENV_NAMES)  # type: ignore
 except AttributeError:

@@ -669,7 +669,7 @@ def _ig_run(x, w, b, p, dtype):
 
 @pytest.fixture
 def dense_mode(monkeypatch):
-    """Set PORTCONV_OPENCL_DENSE for one test (plans are cached without it: cleared before and after)."""
+    """Set PORTCONV_OPENCL_DENSE for one test (the plan cache cleared before and after)."""
     from portconv.plan import clear_cache
 
     def set_mode(mode):
@@ -806,6 +806,17 @@ def test_forced_direct_kernels(case, dense_mode):
     plan, launched = _ig_run(x, w, b, p, torch.float32)
     assert plan.algorithm == "direct" + ("-transposed" if p.transposed else "")
     assert not any(k.startswith("ig_") for k in launched) and launched.get("bwd_weight") == 1
+
+
+def test_dense_knob_is_part_of_the_plan_key(monkeypatch):
+    """Changing PORTCONV_OPENCL_DENSE mid-process makes a new plan (the knob is in the plan cache's key)."""
+    x, w, b, p = make(CASES[0], torch.float32, "contiguous")
+    assert "depthwise" not in CASES[0][0]
+    algs = []
+    for mode in ("direct", "igemm", "direct"):
+        monkeypatch.setenv("PORTCONV_OPENCL_DENSE", mode)
+        algs.append(opencl_plan(x, w, b, p).algorithm.split("-")[0])  # select(): the cached path
+    assert algs == ["direct", "igemm", "direct"]
 
 
 def test_igemm_splits_table():
