@@ -100,6 +100,8 @@ def correctness(cases, dev, rows, dtypes=tuple(DTYPES), with_cudnn=True):
             dev_info = cb.device_for(problem)
             choice = cb.choose(problem, dev_info)
             algs = ["direct", "implicit_gemm"] + (["depthwise"] if problem.is_depthwise else [])
+            if p.groups == 1 and dtype in ("float16", "bfloat16") and torch.cuda.get_device_capability(dev)[0] >= 8:
+                algs.append("igemm-tc")  # Note [tensor-core implicit GEMM] (float32 would run TF32: not this TOL)
             runs = [(a, cb, Plan(problem, BackendId.CUDA, a, choice.memory_format, choice.reason, dev_info))
                     for a in algs]
             try:
