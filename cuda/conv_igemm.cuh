@@ -95,29 +95,29 @@ struct pc_igemm_base {
  * any layout. The PC_BK indices of a step then share one tap, so a load thread steps its own (ch, tap digits) by
  * PC_BK with no division (pc_tapstep), and the bounds of its A rows, which depend only on the row and the tap, are
  * tested once per tap into a bit per row (Op::A_ok) instead of once per element. The ops that take it provide
- * fast_ch / fast_r1 / fast_r2 (the channel count and the radices of the last two tap digits), red_at (a Red from
+ * fast_ch() / fast_r1() / fast_r2() (the channel count and the radices of the last two tap digits), red_at (a Red from
  * the digits) and A_ok / A_ld (the bounds test and the load of A). Other problems and ops keep the generic
  * per-step decode (Op::red, divisions) and per-element bounds. */
 struct pc_tapstep {
     pc_idx ch, t0, t1, t2;
     template <class Op>
     PC_DEVICE pc_tapstep(const Op &op, pc_idx r) {
-        pc_idx tap = r / op.fast_ch;
-        ch = r - tap * op.fast_ch;
-        t2 = tap % op.fast_r2;
-        tap /= op.fast_r2;
-        t1 = tap % op.fast_r1;
-        t0 = tap / op.fast_r1;
+        pc_idx tap = r / op.fast_ch();
+        ch = r - tap * op.fast_ch();
+        t2 = tap % op.fast_r2();
+        tap /= op.fast_r2();
+        t1 = tap % op.fast_r1();
+        t0 = tap / op.fast_r1();
     }
     /* r += PC_BK; true when the tap moved (the same step for every thread: ch - rr and CH are multiples of PC_BK) */
     template <class Op>
     PC_DEVICE bool next(const Op &op) {
         ch += PC_BK;
-        if (ch < op.fast_ch) return false;
-        ch -= op.fast_ch;
-        if (++t2 == op.fast_r2) {
+        if (ch < op.fast_ch()) return false;
+        ch -= op.fast_ch();
+        if (++t2 == op.fast_r2()) {
             t2 = 0;
-            if (++t1 == op.fast_r1) t1 = 0, ++t0;
+            if (++t1 == op.fast_r1()) t1 = 0, ++t0;
         }
         return true;
     }
@@ -184,14 +184,17 @@ struct pc_cursor<Op, true, AJ> {
 struct pc_igemm_fwd_op : pc_igemm_base {
     const pc_t *x, *w, *b;
     pc_t *y;
-    pc_idx bs, fast_ch, fast_r1, fast_r2;
+    pc_idx bs;
     struct Row { pc_idx xo, i0, i1, i2; bool ok; };
     struct Col { pc_idx wo; bool ok; };
     struct Red { pc_idx xo, wo, d0, d1, d2; bool ok; };
     PC_DEVICE pc_igemm_fwd_op(const pc_conv_args &a, pc_idx grp) : pc_igemm_base(a, grp) {
         x = (const pc_t *)a.x, w = (const pc_t *)a.w, b = (const pc_t *)a.b, y = (pc_t *)a.y, bs = (pc_idx)a.bs;
-        fast_ch = Cg, fast_r1 = R1, fast_r2 = R2;
     }
+    /* Note [tap-major steps]: channels C/G, tap digits (r0, r1, r2) */
+    PC_DEVICE pc_idx fast_ch() const { return Cg; }
+    PC_DEVICE pc_idx fast_r1() const { return R1; }
+    PC_DEVICE pc_idx fast_r2() const { return R2; }
     PC_DEVICE Row row(pc_idx m, pc_idx M) const {
         Row t;
         pc_idx n, o0, o1, o2;
@@ -386,7 +389,6 @@ struct pc_igemm_bwd_data_phase_op : pc_igemm_base {
     const pc_t *dy, *w, *b;
     pc_t *dx;
     pc_idx bs, E0, E1, E2, T0, T1, T2, H0, H1, H2, tp, tpd, q0, q1, q2, rq0, rq1, rq2, c0, c1, c2;
-    pc_idx fast_ch, fast_r1, fast_r2;
     struct Row { pc_idx yo, a0, a1, a2; bool ok; };
     struct Col { pc_idx wo; bool ok; };
     struct Red { pc_idx yo, wo, j0, j1, j2; bool ok; };
@@ -406,8 +408,11 @@ struct pc_igemm_bwd_data_phase_op : pc_igemm_base {
         tp = T0 * T1 * T2;
         H0 = S0 == 1 ? D0 : 1, H1 = S1 == 1 ? D1 : 1, H2 = S2 == 1 ? D2 : 1;
         tpd = tp ? tp : 1, T1 = T1 ? T1 : 1, T2 = T2 ? T2 : 1; /* divisors of red(); tp == 0: no reduction runs */
-        fast_ch = Kg, fast_r1 = T1, fast_r2 = T2;
     }
+    /* Note [tap-major steps]: channels K/G, the phase's tap digits (j0, j1, j2) */
+    PC_DEVICE pc_idx fast_ch() const { return Kg; }
+    PC_DEVICE pc_idx fast_r1() const { return T1; }
+    PC_DEVICE pc_idx fast_r2() const { return T2; }
     PC_DEVICE Row row(pc_idx m, pc_idx M) const {
         Row t;
         pc_idx n, e0, e1, e2;

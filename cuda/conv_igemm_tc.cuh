@@ -138,45 +138,38 @@ PC_DEVICE pc_tc_smem &pc_tc_shared() {
  * reduction-lane layout, which stays for B and for channels-last, where channels are the contiguous axis). */
 #define PC_TC_AI (PC_TC_BM / 32) /* A rows per thread in the M-lane layout */
 template <class Op>
-struct pc_mlane_cursor {
-    pc_tapstep s; /* at channel (step base + rr): B's */
-    pc_idx da;    /* A's first channel - B's channel */
-    typename Op::Red a0, a1, b;
-    unsigned ok; /* bit i: A row i is inside at this tap */
-    PC_DEVICE void set(const Op &op) {
-        b = op.red_at(s);
-        pc_tapstep t = s;
+struct pc_mlane_cursor : pc_cursor<Op, true, PC_TC_AI> {
+    /* the base steps the digits at channel (step base + rr), B's, and keeps the row bits (a tap's bounds do not
+     * depend on the channel); a0 / a1: the Reds of the thread's two A channels */
+    typedef pc_cursor<Op, true, PC_TC_AI> base;
+    pc_idx da; /* A's first channel - B's channel */
+    typename Op::Red a0, a1;
+    PC_DEVICE void set_a(const Op &op) {
+        pc_tapstep t = this->s;
         t.ch += da;
         a0 = op.red_at(t);
         ++t.ch;
         a1 = op.red_at(t);
     }
-    PC_DEVICE void rows_ok(const Op &op, const typename Op::Row *rows) {
-        ok = 0;
-#pragma unroll
-        for (int i = 0; i < PC_TC_AI; ++i) ok |= (unsigned)op.A_ok(rows[i], a0) << i;
-    }
-    PC_DEVICE pc_mlane_cursor(const Op &op, const typename Op::Row *rows, pc_idx r0, pc_idx, int rr, int kw)
-        : s(op, r0), da(2 * kw - rr) {
-        set(op);
-        rows_ok(op, rows);
+    PC_DEVICE pc_mlane_cursor(const Op &op, const typename Op::Row *rows, pc_idx r0, pc_idx rend, int rr, int kw)
+        : base(op, rows, r0, rend), da(2 * kw - rr) {
+        set_a(op);
     }
     PC_DEVICE void next(const Op &op, const typename Op::Row *rows) {
-        const bool moved = s.next(op);
-        set(op);
-        if (moved) rows_ok(op, rows);
+        base::next(op, rows);
+        set_a(op);
     }
     template <class V, int BJ> /* ra[2i + h]: row i, channel h */
     PC_DEVICE void fetch(const Op &op, const typename Op::Row *rows, const typename Op::Col *cols, V *ra,
                          V *rb) const {
 #pragma unroll
         for (int i = 0; i < PC_TC_AI; ++i) {
-            const bool in = ok >> i & 1u;
+            const bool in = this->ok >> i & 1u;
             ra[2 * i] = in ? op.template A_ld<V>(rows[i], a0) : V(0);
             ra[2 * i + 1] = in ? op.template A_ld<V>(rows[i], a1) : V(0);
         }
 #pragma unroll
-        for (int j = 0; j < BJ; ++j) rb[j] = op.template B<V>(b, cols[j]);
+        for (int j = 0; j < BJ; ++j) rb[j] = op.template B<V>(this->d, cols[j]);
     }
 };
 

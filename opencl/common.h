@@ -80,6 +80,10 @@ typedef struct {
 #define KNAME(name) conv_##name
 #endif
 
+/* Token pasting after macro expansion (kernel and vector type names built from defines). */
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+
 /* Split a flat index of a (B, C, D, H, W) tensor in memory order: C innermost when c_inner. */
 inline void unflatten5(idx_t i, idx_t C, idx_t D, idx_t H, idx_t W, idx_t c_inner,
                        idx_t *b, idx_t *c, idx_t *z, idx_t *y, idx_t *x) {

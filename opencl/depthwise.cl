@@ -36,8 +36,6 @@
 #endif
 #define CT TNAME
 
-#define CAT_(a, b) a##b
-#define CAT(a, b) CAT_(a, b)
 #if DW_VW == 4
 #define DW_HW 2
 #define DW_VW2 8

@@ -23,8 +23,6 @@
  */
 #include "common.h"
 
-#define IG_CAT_(a, b) a##b
-#define IG_CAT(a, b) IG_CAT_(a, b)
 #define IG_NX (IG_BN / IG_TN) /* work-items along a tile's columns */
 #define IG_NY (IG_BM / IG_TM) /* and along its rows */
 #define IG_NT (IG_NX * IG_NY)
@@ -59,13 +57,6 @@ typedef uint uidx_t;
 /* 0 <= i < n in one unsigned comparison */
 #define INSIDE(i, n) ((uidx_t)(i) < (uidx_t)(n))
 
-IG_INLINE void unflatten4(idx_t i, idx_t D, idx_t H, idx_t W, idx_t *b, idx_t *z, idx_t *y, idx_t *x) {
-    *x = i % W; i /= W;
-    *y = i % H; i /= H;
-    *z = i % D;
-    *b = i / D;
-}
-
 /* (channel, tap) of an index over CH*taps: channel-innermost when chan_inner. */
 IG_INLINE void chan_tap(const conv_desc *d, idx_t r, idx_t CH, int chan_inner, idx_t *ch, idx_t *r0, idx_t *r1,
                         idx_t *r2) {
@@ -93,9 +84,9 @@ typedef struct { idx_t xo, wo, d0, d1, d2; int ok; } ig_fwd_redt;
 IG_INLINE ig_fwd_rowt ig_fwd_row(const ig_fwd_op *op, idx_t m, idx_t M) {
     const conv_desc *d = &op->d;
     ig_fwd_rowt t;
-    idx_t n, o0, o1, o2;
     const int ok = m < M;
-    unflatten4(ok ? m : 0, d->Y[0], d->Y[1], d->Y[2], &n, &o0, &o1, &o2);
+    const pos4 at = pos4_of(ok ? m : 0, d->Y[0], d->Y[1], d->Y[2]);
+    const idx_t n = at.b, o0 = at.z, o1 = at.y, o2 = at.x;
     t.i0 = o0 * d->S[0] - d->P[0], t.i1 = o1 * d->S[1] - d->P[1], t.i2 = o2 * d->S[2] - d->P[2];
     t.xo = d->xo + n * d->xs[0] + op->g * d->CX * d->xs[1] + t.i0 * d->xs[2] + t.i1 * d->xs[3] + t.i2 * d->xs[4];
     if (!ok) t.i0 = d->X[0]; /* every tap out of range (r.d0 >= 0) */
@@ -136,8 +127,8 @@ IG_INLINE ACC ig_fwd_B(const ig_fwd_op *op, __global const T *w, const ig_fwd_re
 IG_INLINE void ig_fwd_store(const ig_fwd_op *op, __global T *y, __global const T *b, __global ACC *wsp, idx_t m,
                             idx_t k, ACC v) {
     const conv_desc *d = &op->d;
-    idx_t n, o0, o1, o2;
-    unflatten4(m, d->Y[0], d->Y[1], d->Y[2], &n, &o0, &o1, &o2);
+    const pos4 at = pos4_of(m, d->Y[0], d->Y[1], d->Y[2]);
+    const idx_t n = at.b, o0 = at.z, o1 = at.y, o2 = at.x;
     const idx_t kk = op->g * d->CY + k;
     if (d->has_bias) v += LD(b, d->bo + kk * d->bs);
     ST(y, d->yo + n * d->ys[0] + kk * d->ys[1] + o0 * d->ys[2] + o1 * d->ys[3] + o2 * d->ys[4], v);
@@ -174,9 +165,9 @@ IG_INLINE void ig_bwd_data_init(ig_bwd_data_op *op, const conv_desc d, idx_t g, 
 IG_INLINE ig_bwd_data_rowt ig_bwd_data_row(const ig_bwd_data_op *op, idx_t m, idx_t M) {
     const conv_desc *d = &op->d;
     ig_bwd_data_rowt t;
-    idx_t n, e0, e1, e2;
     const int ok = m < M;
-    unflatten4(ok ? m : 0, op->E[0], op->E[1], op->E[2], &n, &e0, &e1, &e2);
+    const pos4 at = pos4_of(ok ? m : 0, op->E[0], op->E[1], op->E[2]);
+    const idx_t n = at.b, e0 = at.z, e1 = at.y, e2 = at.x;
     t.a0 = e0 + op->c[0], t.a1 = e1 + op->c[1], t.a2 = e2 + op->c[2];
     t.yo = d->yo + n * d->ys[0] + op->g * d->CY * d->ys[1] + t.a0 * d->ys[2] + t.a1 * d->ys[3] + t.a2 * d->ys[4];
     if (!ok) t.a0 = d->Y[0] + op->T[0] * op->H[0]; /* out of range for every tap (r.j0 < T0 * H0) */
@@ -231,8 +222,8 @@ IG_INLINE ACC ig_bwd_data_B(const ig_bwd_data_op *op, __global const T *w, const
 IG_INLINE void ig_bwd_data_store(const ig_bwd_data_op *op, __global T *dx, __global const T *b, __global ACC *wsp,
                                  idx_t m, idx_t c, ACC v) {
     const conv_desc *d = &op->d;
-    idx_t n, e0, e1, e2;
-    unflatten4(m, op->E[0], op->E[1], op->E[2], &n, &e0, &e1, &e2);
+    const pos4 at = pos4_of(m, op->E[0], op->E[1], op->E[2]);
+    const idx_t n = at.b, e0 = at.z, e1 = at.y, e2 = at.x;
     const idx_t cc = op->g * d->CX + c;
     if (d->has_bias) v += LD(b, d->bo + cc * d->bs);
     ST(dx, d->xo + n * d->xs[0] + cc * d->xs[1] + (op->q[0] + d->S[0] * e0) * d->xs[2]
@@ -270,9 +261,9 @@ IG_INLINE ig_bwd_weight_colt ig_bwd_weight_col(const ig_bwd_weight_op *op, idx_t
 IG_INLINE ig_bwd_weight_redt ig_bwd_weight_red(const ig_bwd_weight_op *op, idx_t r, idx_t rend) {
     const conv_desc *d = &op->d;
     ig_bwd_weight_redt t;
-    idx_t n, o0, o1, o2;
     t.ok = r < rend;
-    unflatten4(t.ok ? r : 0, d->Y[0], d->Y[1], d->Y[2], &n, &o0, &o1, &o2);
+    const pos4 at = pos4_of(t.ok ? r : 0, d->Y[0], d->Y[1], d->Y[2]);
+    const idx_t n = at.b, o0 = at.z, o1 = at.y, o2 = at.x;
     t.b0 = o0 * d->S[0], t.b1 = o1 * d->S[1], t.b2 = o2 * d->S[2];
     t.yo = n * d->ys[0] + o0 * d->ys[2] + o1 * d->ys[3] + o2 * d->ys[4];
     t.xo = n * d->xs[0] + t.b0 * d->xs[2] + t.b1 * d->xs[3] + t.b2 * d->xs[4];

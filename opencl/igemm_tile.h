@@ -3,7 +3,7 @@
  * ig_<op>_{row,col,red,A,B,store}, then includes this file, which defines ig_<op>_fetch and ig_<op>_tile.
  * (OpenCL C has no templates; the CUDA set's pc_igemm_run in cuda/conv_igemm.cuh is the same loop.)
  */
-#define IGN(s) IG_CAT(IG_CAT(ig_, IG_OP), s)
+#define IGN(s) CAT(CAT(ig_, IG_OP), s)
 
 /* The next reduction step's gathers of one load work-item: its reduction index r, IG_AJ rows and IG_BJ columns. */
 IG_INLINE void IGN(_fetch)(const IGN(_op) *op, __global const T *pa, __global const T *pb, const IGN(_rowt) *rows,

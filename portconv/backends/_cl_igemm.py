@@ -114,17 +114,28 @@ def splits(geo, sp: IgSpec, compute_units: int, acc_bytes: int) -> tuple[int, in
     return (-(-red // chunk) if chunk else 1), chunk
 
 
-def _grid(call, name, desc, tensors, args, m, n, z, extra=0, sp=None):
-    """One launch of an igemm kernel over (m tiles x threads, n tiles, z) work-items (m x n: one group's GEMM)."""
-    sp = sp or fit(call.ig, m, n)
+def _kernel(call, name, desc, tensors, sp, m, n, z, extra=0):
+    """The igemm kernel ``name`` for a launch over (m tiles x threads, n tiles, z) work-items, its index width set
+    in ``desc``; TOO_LARGE when the device cannot run the tile's work-group size for it."""
     items = -(-m // sp.bm) * sp.threads * -(-n // sp.bn) * z
     desc.idx64 = rt.force_idx64 or not rt.index_fits_int32(items + 64, extra, *(t.span for t in tensors))
     entry = call.rt.ig_kernel(call.dtype, desc.idx64, sp.defines, name)
     if entry[1] < sp.threads:
         rt.stats["ig_too_large"] += 1
         return TOO_LARGE
+    return entry
+
+
+def _launch(call, entry, name, desc, args, sp, m, n, z):
     gsize = (-(-m // sp.bm) * sp.threads, -(-n // sp.bn), z)
     return call._launch(entry, "ig_" + name, desc, args, gsize, (sp.threads, 1, 1))
+
+
+def _grid(call, name, desc, tensors, args, m, n, z):
+    """One launch of an igemm kernel over (m tiles x threads, n tiles, z) work-items (m x n: one group's GEMM)."""
+    sp = fit(call.ig, m, n)
+    entry = _kernel(call, name, desc, tensors, sp, m, n, z)
+    return entry if entry is TOO_LARGE else _launch(call, entry, name, desc, args, sp, m, n, z)
 
 
 def fwd(call, x, w, y, bbuf, bkw, xs, ws, ys):
@@ -147,12 +158,12 @@ def bwd_weight(call, x, y, w, xs, ws, ys):
     n_split, chunk = splits(g, sp, call.rt.device.max_compute_units, acc)
     count = g.G * g.CY * g.CX * g.taps
     d = call._desc(n_split, xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset, red=chunk)
-    if call.rt.ig_kernel(call.dtype, rt.force_idx64, sp.defines, "bwd_weight")[1] < sp.threads:
-        rt.stats["ig_too_large"] += 1
-        return TOO_LARGE
+    m, n, z = g.CY, g.CX * g.taps, g.G * n_split
+    entry = _kernel(call, "bwd_weight", d, (x, w, y), sp, m, n, z, count * n_split)
+    if entry is TOO_LARGE:  # before the workspace is taken
+        return entry
     part = call._scratch(count * n_split * acc) if n_split > 1 else call.rt.dummy()
-    evt = _grid(call, "bwd_weight", d, (x, w, y), (x, y, w, part), g.CY, g.CX * g.taps, g.G * n_split,
-                count * n_split, sp)
+    evt = _launch(call, entry, "bwd_weight", d, (x, y, w, part), sp, m, n, z)
     if n_split == 1:
         return evt
     d = call._desc(count, ws=ws, wo=w.offset, red=n_split)
