@@ -55,7 +55,7 @@ struct pc_igemm_base {
     pc_idx Cg, Kg, g, X0, X1, X2, Y0, Y1, Y2, R1, R2, taps;
     pc_idx xs0, xs1, xs2, xs3, xs4, ws0, ws1, ws2, ws3, ws4, ys0, ys1, ys2, ys3, ys4;
     pc_idx S0, S1, S2, P0, P1, P2, D0, D1, D2;
-    bool cl;
+    bool cl, va, vb;
     PC_DEVICE pc_igemm_base(const pc_conv_args &a, pc_idx grp) {
         Cg = (pc_idx)(a.C / a.G), Kg = (pc_idx)(a.K / a.G), g = grp;
         X0 = (pc_idx)a.X[0], X1 = (pc_idx)a.X[1], X2 = (pc_idx)a.X[2];
@@ -70,7 +70,7 @@ struct pc_igemm_base {
         S0 = (pc_idx)a.S[0], S1 = (pc_idx)a.S[1], S2 = (pc_idx)a.S[2];
         P0 = (pc_idx)a.P[0], P1 = (pc_idx)a.P[1], P2 = (pc_idx)a.P[2];
         D0 = (pc_idx)a.DL[0], D1 = (pc_idx)a.DL[1], D2 = (pc_idx)a.DL[2];
-        cl = (a.flags & PC_FLAG_CL) != 0;
+        cl = (a.flags & PC_FLAG_CL) != 0, va = (a.flags & PC_FLAG_VA) != 0, vb = (a.flags & PC_FLAG_VB) != 0;
     }
     /* (channel, tap) of a reduction/column index over CH*taps: channel-innermost when cl */
     PC_DEVICE void chan_tap(pc_idx r, pc_idx CH, bool chan_inner, pc_idx &ch, pc_idx &r0, pc_idx &r1,
@@ -188,6 +188,7 @@ struct pc_igemm_fwd_op : pc_igemm_base {
     struct Row { pc_idx xo, i0, i1, i2; bool ok; };
     struct Col { pc_idx wo; bool ok; };
     struct Red { pc_idx xo, wo, d0, d1, d2; bool ok; };
+    static constexpr bool vector_b = true; /* Note [vector gathers]: B (W) is contiguous in C when channels-last */
     PC_DEVICE pc_igemm_fwd_op(const pc_conv_args &a, pc_idx grp) : pc_igemm_base(a, grp) {
         x = (const pc_t *)a.x, w = (const pc_t *)a.w, b = (const pc_t *)a.b, y = (pc_t *)a.y, bs = (pc_idx)a.bs;
     }
@@ -235,20 +236,26 @@ struct pc_igemm_fwd_op : pc_igemm_base {
         /* !m.ok and !r.ok were folded into i0 (row() and red()) */
         return pc_inside(m.i0 + r.d0, X0) && pc_inside(m.i1 + r.d1, X1) && pc_inside(m.i2 + r.d2, X2);
     }
+    PC_DEVICE const pc_t *A_src() const { return x; } /* Note [vector gathers]: A's tensor and offsets, B's */
+    PC_DEVICE pc_idx A_off(const Row &m, const Red &r) const { return m.xo + r.xo; }
+    PC_DEVICE pc_idx B_off(const Red &r, const Col &n) const { return n.wo + r.wo; }
     template <class V = pc_acc_t>
-    PC_DEVICE V A_ld(const Row &m, const Red &r) const { return pc_gather<V>::ld(x, m.xo + r.xo); }
+    PC_DEVICE V A_ld(const Row &m, const Red &r) const { return pc_gather<V>::ld(x, A_off(m, r)); }
     template <class V = pc_acc_t>
     PC_DEVICE V A(const Row &m, const Red &r) const { return A_ok(m, r) ? A_ld<V>(m, r) : V(0); }
     template <class V = pc_acc_t>
     PC_DEVICE V B(const Red &r, const Col &n) const {
-        return (r.ok && n.ok) ? pc_gather<V>::ld(w, n.wo + r.wo) : V(0);
+        return (r.ok && n.ok) ? pc_gather<V>::ld(w, B_off(r, n)) : V(0);
     }
-    PC_DEVICE void store(pc_idx m, pc_idx k, pc_acc_t v) const {
+    PC_DEVICE pc_idx out_row(pc_idx m) const { /* Note [split stores] */
         pc_idx n, o0, o1, o2;
         pc_unflatten4(m, Y0, Y1, Y2, n, o0, o1, o2);
-        const pc_idx kk = g * Kg + k;
-        if (b) v += pc_ld(b, kk * bs);
-        pc_st(y, n * ys0 + kk * ys1 + o0 * ys2 + o1 * ys3 + o2 * ys4, v);
+        return n * ys0 + o0 * ys2 + o1 * ys3 + o2 * ys4;
+    }
+    PC_DEVICE pc_idx out_col(pc_idx k) const { return (g * Kg + k) * ys1; }
+    PC_DEVICE void put(pc_idx orow, pc_idx ocol, pc_idx k, pc_acc_t v) const {
+        if (b) v += pc_ld(b, (g * Kg + k) * bs);
+        pc_st(y, orow + ocol, v);
     }
 };
 
@@ -308,12 +315,15 @@ struct pc_igemm_bwd_data_op : pc_igemm_base {
     PC_DEVICE V B(const Red &r, const Col &n) const {
         return (r.ok && n.ok) ? pc_gather<V>::ld(w, n.wo + r.wo) : V(0);
     }
-    PC_DEVICE void store(pc_idx m, pc_idx c, pc_acc_t v) const {
+    PC_DEVICE pc_idx out_row(pc_idx m) const { /* Note [split stores] */
         pc_idx n, i0, i1, i2;
         pc_unflatten4(m, X0, X1, X2, n, i0, i1, i2);
-        const pc_idx cc = g * Cg + c;
-        if (b) v += pc_ld(b, cc * bs);
-        pc_st(dx, n * xs0 + cc * xs1 + i0 * xs2 + i1 * xs3 + i2 * xs4, v);
+        return n * xs0 + i0 * xs2 + i1 * xs3 + i2 * xs4;
+    }
+    PC_DEVICE pc_idx out_col(pc_idx c) const { return (g * Cg + c) * xs1; }
+    PC_DEVICE void put(pc_idx orow, pc_idx ocol, pc_idx c, pc_acc_t v) const {
+        if (b) v += pc_ld(b, (g * Cg + c) * bs);
+        pc_st(dx, orow + ocol, v);
     }
 };
 
@@ -365,15 +375,21 @@ struct pc_igemm_bwd_weight_op : pc_igemm_base {
         if (!(pc_inside(r.b0 + n.d0, X0) && pc_inside(r.b1 + n.d1, X1) && pc_inside(r.b2 + n.d2, X2))) return V(0);
         return pc_gather<V>::ld(x, n.xo + r.xo);
     }
-    PC_DEVICE void store(pc_idx k, pc_idx n, pc_acc_t v) const {
+    PC_DEVICE pc_idx out_row(pc_idx k) const { /* Note [split stores]; split: the workspace's partial sums */
         const pc_idx kk = g * Kg + k;
-        if (splits > 1) {
-            ws[split * count + kk * Cg * taps + n] = v;
-            return;
-        }
+        return splits > 1 ? split * count + kk * Cg * taps : kk * ws0;
+    }
+    PC_DEVICE pc_idx out_col(pc_idx n) const {
+        if (splits > 1) return n;
         pc_idx c, r0, r1, r2;
         chan_tap(n, Cg, false, c, r0, r1, r2);
-        pc_st(dw, kk * ws0 + c * ws1 + r0 * ws2 + r1 * ws3 + r2 * ws4, v);
+        return c * ws1 + r0 * ws2 + r1 * ws3 + r2 * ws4;
+    }
+    PC_DEVICE void put(pc_idx orow, pc_idx ocol, pc_idx, pc_acc_t v) const {
+        if (splits > 1)
+            ws[orow + ocol] = v;
+        else
+            pc_st(dw, orow + ocol, v);
     }
 };
 
@@ -392,6 +408,7 @@ struct pc_igemm_bwd_data_phase_op : pc_igemm_base {
     struct Row { pc_idx yo, a0, a1, a2; bool ok; };
     struct Col { pc_idx wo; bool ok; };
     struct Red { pc_idx yo, wo, j0, j1, j2; bool ok; };
+    static constexpr bool vector_b = false; /* B (W) along K: never contiguous */
     PC_DEVICE static void axis(pc_idx X, pc_idx R, pc_idx S, pc_idx P, pc_idx q, pc_idx &E, pc_idx &T, pc_idx &rq,
                                pc_idx &c) {
         E = q < X ? (X - q + S - 1) / S : 0;
@@ -464,25 +481,34 @@ struct pc_igemm_bwd_data_phase_op : pc_igemm_base {
         /* !m.ok and !r.ok were folded into a0 / j0 (row() and red()) */
         return pc_inside(m.a0 - r.j0, Y0) && pc_inside(m.a1 - r.j1, Y1) && pc_inside(m.a2 - r.j2, Y2);
     }
+    PC_DEVICE const pc_t *A_src() const { return dy; } /* Note [vector gathers] */
+    PC_DEVICE pc_idx A_off(const Row &m, const Red &r) const { return m.yo + r.yo; }
+    PC_DEVICE pc_idx B_off(const Red &r, const Col &n) const { return n.wo + r.wo; }
     template <class V = pc_acc_t>
-    PC_DEVICE V A_ld(const Row &m, const Red &r) const { return pc_gather<V>::ld(dy, m.yo + r.yo); }
+    PC_DEVICE V A_ld(const Row &m, const Red &r) const { return pc_gather<V>::ld(dy, A_off(m, r)); }
     template <class V = pc_acc_t>
     PC_DEVICE V A(const Row &m, const Red &r) const { return A_ok(m, r) ? A_ld<V>(m, r) : V(0); }
     template <class V = pc_acc_t>
     PC_DEVICE V B(const Red &r, const Col &n) const {
         return (r.ok && n.ok) ? pc_gather<V>::ld(w, n.wo + r.wo) : V(0);
     }
-    PC_DEVICE void store(pc_idx m, pc_idx c, pc_acc_t v) const {
+    PC_DEVICE pc_idx out_row(pc_idx m) const { /* Note [split stores] */
         pc_idx n, e0, e1, e2;
         pc_unflatten4(m, E0, E1, E2, n, e0, e1, e2);
-        const pc_idx cc = g * Cg + c;
-        if (b) v += pc_ld(b, cc * bs);
-        pc_st(dx, n * xs0 + cc * xs1 + (q0 + S0 * e0) * xs2 + (q1 + S1 * e1) * xs3 + (q2 + S2 * e2) * xs4, v);
+        return n * xs0 + (q0 + S0 * e0) * xs2 + (q1 + S1 * e1) * xs3 + (q2 + S2 * e2) * xs4;
+    }
+    PC_DEVICE pc_idx out_col(pc_idx c) const { return (g * Cg + c) * xs1; }
+    PC_DEVICE void put(pc_idx orow, pc_idx ocol, pc_idx c, pc_acc_t v) const {
+        if (b) v += pc_ld(b, (g * Cg + c) * bs);
+        pc_st(dx, orow + ocol, v);
     }
 };
 
 
-/* The tile's shared memory, one allocation per kernel whichever instantiations of the run function it holds. */
+/* Note [split stores]: an op stores result (m, n) at out_row(m) + out_col(n) (put adds the bias of column n). The
+ * tensor-core epilogue decodes each of a thread's rows and columns once, where one decode per element (four divisions
+ * for a position) cost as much as the whole main loop of a 576-long reduction (Nsight Compute, resnet50-l1-3x3-bf16-cl
+ * forward); the FMA tile, whose results are a 4 x 4 grid of rows and columns, decodes per element. */
 struct pc_igemm_smem {
     pc_acc_t A[PC_BK][PC_BM + 1], B[PC_BK][PC_BN + 1];
 };
@@ -541,7 +567,7 @@ PC_DEVICE void pc_igemm_run(const Op &op, pc_idx M, pc_idx NC, pc_idx rbeg, pc_i
 #pragma unroll
         for (int j = 0; j < PC_TN; ++j) {
             const pc_idx n = n0 + tx + 16 * j;
-            if (m < M && n < NC) op.store(m, n, acc[i][j]);
+            if (m < M && n < NC) op.put(op.out_row(m), op.out_col(n), n, acc[i][j]);
         }
     }
 }
@@ -552,11 +578,13 @@ PC_DEVICE void pc_igemm_run(const Op &op, pc_idx M, pc_idx NC, pc_idx rbeg, pc_i
 #define PC_IGEMM_BM PC_TC_BM
 #define PC_IGEMM_LB PC_NT, PC_TC_MINB /* launch bounds: threads, blocks per SM */
 #define PC_IGEMM_MLANE 1                   /* Note [M-lane gathers] */
+#define PC_IGEMM_VEC PC_TC_VEC             /* Note [vector gathers] */
 #else
 #define pc_igemm_main pc_igemm_run
 #define PC_IGEMM_BM PC_BM
 #define PC_IGEMM_LB PC_NT
 #define PC_IGEMM_MLANE 0
+#define PC_IGEMM_VEC 0
 #endif
 
 /* The run mode of a problem whose reduction channel count is a multiple of PC_BK (fast) or not: tap-major steps
@@ -564,7 +592,13 @@ PC_DEVICE void pc_igemm_run(const Op &op, pc_idx M, pc_idx NC, pc_idx rbeg, pc_i
  * steps otherwise (Note [tap-major steps]; NCHW under tap-major steps without M lanes gathers sixteen channels a
  * warp, measured slower than the generic tap-innermost order). */
 template <class Op>
-PC_DEVICE void pc_igemm_go(const Op &op, bool fast, pc_idx M, pc_idx NC, pc_idx rbeg, pc_idx rend) {
+PC_DEVICE void pc_igemm_go(const Op &op, bool fast, bool vfast, pc_idx M, pc_idx NC, pc_idx rbeg, pc_idx rend) {
+#if PC_IGEMM_VEC /* Note [vector gathers]: A (and B where the op allows it) read 16 bytes at a time */
+    if constexpr (Op::vector_b) {
+        if (vfast && op.va && op.vb) return pc_igemm_main<Op, 4>(op, M, NC, rbeg, rend);
+    }
+    if (vfast && op.va) return pc_igemm_main<Op, 3>(op, M, NC, rbeg, rend);
+#endif
     if (fast && op.cl)
         pc_igemm_main<Op, 1>(op, M, NC, rbeg, rend);
 #if PC_IGEMM_MLANE
@@ -581,8 +615,8 @@ PC_KERNEL void PC_LAUNCH_BOUNDS(PC_IGEMM_LB) portconv_igemm_fwd(const pc_conv_ar
     /* Note [tap-major steps]: not for taps along the depth axis or reductions over 8192 long, where channel-inner
      * steps reach an input line again only after more data than L1 holds (measured: r3d18-l1-3d float32 1.33x and
      * deeplabv3-aspp-d12 1.05x-1.07x slower under them; 2-D rows up to 512 x 9 and 1024 x 1 faster) */
-    pc_igemm_go(op, op.Cg % PC_BK == 0 && op.taps == op.R1 * op.R2 && op.Cg * op.taps <= 8192, M, op.Kg, 0,
-                op.Cg * op.taps);
+    pc_igemm_go(op, op.Cg % PC_BK == 0 && op.taps == op.R1 * op.R2 && op.Cg * op.taps <= 8192, op.Cg % PC_BK == 0, M,
+                op.Kg, 0, op.Cg * op.taps);
 }
 
 PC_KERNEL void PC_LAUNCH_BOUNDS(PC_IGEMM_LB) portconv_igemm_bwd_data(const pc_conv_args a) {
@@ -607,5 +641,6 @@ PC_KERNEL void PC_LAUNCH_BOUNDS(PC_IGEMM_LB) portconv_igemm_bwd_data_phase(const
     if ((pc_idx)blockIdx.x * PC_IGEMM_BM >= M) return;
     /* Note [tap-major steps]: not for stride-1 phases of several taps in NCHW, where the weight gather along k
      * (C*taps apart) costs more than the steps save (measured: resnet50-l3-3x3, r3d18-l1-3d, deeplabv3-aspp-d12) */
-    pc_igemm_go(op, op.Kg % PC_BK == 0 && (op.cl || phases > 1 || op.tp == 1), M, op.Cg, 0, op.Kg * op.tp);
+    pc_igemm_go(op, op.Kg % PC_BK == 0 && (op.cl || phases > 1 || op.tp == 1), op.Kg % PC_BK == 0, M, op.Cg, 0,
+                op.Kg * op.tp);
 }

@@ -46,9 +46,11 @@
 #if PC_DTYPE == 2 || PC_DTYPE == 3
 typedef unsigned short pc_tc_e; /* gathered element: raw float16/bfloat16 bits */
 #define PC_TC_LDW 12            /* 32-bit words per shared row: 16 halves + 8 pad */
+#define PC_TC_VE 8              /* elements per 16-byte vector (Note [vector gathers]) */
 #elif PC_DTYPE == 0
 typedef float pc_tc_e; /* gathered element: float32, rounded to TF32 when staged */
 #define PC_TC_LDW 20   /* 16 floats + 4 pad */
+#define PC_TC_VE 4
 #else
 #error "portconv: tensor-core tiles take float16, bfloat16 or float32 (TF32) only"
 #endif
@@ -60,6 +62,9 @@ typedef float pc_tc_e; /* gathered element: float32, rounded to TF32 when staged
  * M-lane rows 1.05x-1.13x faster; the reduction-lane layout (no conflict to remove) and TF32 (two words a row, and
  * no gain seen) keep the plain layout. */
 #define PC_TC_SW (PC_DTYPE == 2 || PC_DTYPE == 3)
+#ifndef PC_TC_LDSM /* 0: the v4 tile (no ldmatrix, no vector gathers), for before / after measurements */
+#define PC_TC_LDSM 1
+#endif
 PC_DEVICE int pc_tc_sw(int m) { return (m >> 3) & 3; }
 
 PC_DEVICE unsigned pc_tc_word(unsigned short v) { return v; }
@@ -70,6 +75,17 @@ PC_DEVICE unsigned pc_tc_word(float v) {
 }
 PC_DEVICE void pc_tc_stage(unsigned *row, int k, unsigned short v) { ((unsigned short *)row)[k] = v; }
 PC_DEVICE void pc_tc_stage(unsigned *row, int k, float v) { row[k] = pc_tc_word(v); }
+
+/* Note [ldmatrix]: in the plain 16-bit layout (rows of 16 elements, 12 words apart, 16-byte aligned: the eight row
+ * addresses of one 8 x 8 matrix fall on distinct 4-bank groups) one ldmatrix.x4 loads the four 8 x 8 blocks of a
+ * 16 x 16 A fragment, or two n8 B fragments, where 32-bit loads took four; each thread receives exactly the fragment
+ * registers mma.m16n8k16 expects (row lane / 4, elements 2 (lane % 4), + 1). */
+PC_DEVICE void pc_ldsm4(unsigned (&r)[4], const unsigned *p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
 
 /* One k-step (16 of the reduction) of a warp's tile from shared rows A (M-major; Sw: Note [A swizzle]) and B. */
 template <bool Sw>
@@ -98,14 +114,32 @@ PC_DEVICE void pc_tc_mma(float (&acc)[PC_TC_MT][PC_TC_NT][4], const unsigned (*A
     }
 #else
     unsigned a[PC_TC_MT][4], b[PC_TC_NT][2];
+    if (Sw || !PC_TC_LDSM) {
 #pragma unroll
-    for (int i = 0; i < PC_TC_MT; ++i) { /* Note [A swizzle]: rows 16i + g and 16i + g + 8 */
-        const int t0 = Sw ? t ^ pc_tc_sw(16 * i) : t, t1 = Sw ? t ^ pc_tc_sw(16 * i + 8) : t;
-        a[i][0] = A[16 * i + g][t0], a[i][1] = A[16 * i + g + 8][t1];
-        a[i][2] = A[16 * i + g][t0 + 4], a[i][3] = A[16 * i + g + 8][t1 + 4];
+        for (int i = 0; i < PC_TC_MT; ++i) { /* Note [A swizzle]: rows 16i + g and 16i + g + 8 */
+            const int t0 = Sw ? t ^ pc_tc_sw(16 * i) : t, t1 = Sw ? t ^ pc_tc_sw(16 * i + 8) : t;
+            a[i][0] = A[16 * i + g][t0], a[i][1] = A[16 * i + g + 8][t1];
+            a[i][2] = A[16 * i + g][t0 + 4], a[i][3] = A[16 * i + g + 8][t1 + 4];
+        }
+    } else { /* Note [ldmatrix]: lane l names row l % 16 (A) of the 16 x 16 block, half l / 16 of the step */
+        const int l = 4 * g + t;
+#pragma unroll
+        for (int i = 0; i < PC_TC_MT; ++i) pc_ldsm4(a[i], &A[16 * i + (l & 15)][4 * (l >> 4)]);
     }
+#if PC_TC_NT % 2 == 0 && PC_TC_LDSM /* two n8 blocks a load: lane l names column l % 8 + 8 (l / 16), half l / 8 % 2 */
+    {
+        const int l = 4 * g + t;
+#pragma unroll
+        for (int j = 0; j < PC_TC_NT; j += 2) {
+            unsigned q[4];
+            pc_ldsm4(q, &B[8 * j + (l & 7) + 8 * (l >> 4)][4 * ((l >> 3) & 1)]);
+            b[j][0] = q[0], b[j][1] = q[1], b[j + 1][0] = q[2], b[j + 1][1] = q[3];
+        }
+    }
+#else
 #pragma unroll
     for (int j = 0; j < PC_TC_NT; ++j) b[j][0] = B[8 * j + g][t], b[j][1] = B[8 * j + g][t + 4];
+#endif
 #pragma unroll
     for (int i = 0; i < PC_TC_MT; ++i)
 #pragma unroll
@@ -122,9 +156,17 @@ PC_DEVICE void pc_tc_mma(float (&acc)[PC_TC_MT][PC_TC_NT][4], const unsigned (*A
 #endif
 }
 
+#define PC_TC_VP (PC_BK / PC_TC_VE)          /* vectors per row of a step */
+#define PC_TC_VA (PC_TC_BM * PC_TC_VP / PC_NT + (PC_TC_BM * PC_TC_VP < PC_NT)) /* A vectors per thread */
+#define PC_TC_VBN ((PC_TC_BN * PC_TC_VP + PC_NT - 1) / PC_NT) /* B vectors per thread (the last pass may be partial) */
+#define PC_TC_VEC (PC_TC_BM * PC_TC_VP % PC_NT == 0 && PC_TC_LDSM) /* this tile takes them (not 64-row 16-bit) */
+
 /* The tile's shared memory, one allocation per kernel whichever instantiations of the run function it holds. */
-struct pc_tc_smem {
-    unsigned A[2][PC_TC_BM][PC_TC_LDW], B[2][PC_TC_BN][PC_TC_LDW];
+#define PC_TC_ASYNC (PC_TC_VEC && PC_DTYPE != 0) /* Note [async stages]: the 16-bit vector modes */
+#define PC_TC_NBUF (PC_TC_ASYNC ? 4 : 2)            /* shared buffers: stages of the ring, or the double buffer */
+struct pc_tc_smem { /* 16-byte aligned rows: Note [vector gathers], Note [ldmatrix] */
+    alignas(16) unsigned A[PC_TC_NBUF][PC_TC_BM][PC_TC_LDW];
+    alignas(16) unsigned B[PC_TC_NBUF][PC_TC_BN][PC_TC_LDW];
 };
 PC_DEVICE pc_tc_smem &pc_tc_shared() {
     PC_SHARED pc_tc_smem s;
@@ -173,6 +215,116 @@ struct pc_mlane_cursor : pc_cursor<Op, true, PC_TC_AI> {
     }
 };
 
+/* Note [vector gathers]: when the reduction channels of a tap-major step (Note [tap-major steps]) are contiguous in
+ * A's tensor (channels-last X for forward, channels-last dY for phase backward-data) and the host has checked that
+ * its strides and address keep every 16-byte group aligned (PC_FLAG_VA; PC_FLAG_VB: the same for the forward's W,
+ * channels-last too), a step's row of 16 channels is PC_TC_VP aligned 16-byte vectors. Thread tid then loads vector
+ * tid % PC_TC_VP of rows tid / PC_TC_VP + (256 / PC_TC_VP) i, one 16-byte load and one 16-byte shared store where the
+ * reduction-lane layout took PC_TC_AJ element loads and stores; its cursor runs at channel (tid % VP) * VE of each
+ * step, so the row bounds are still once per tap. B without PC_FLAG_VB keeps the element gathers of its reduction
+ * lane at a channel offset from the vector's. The rows land in the plain layout (no swizzle), read by ldmatrix. */
+PC_DEVICE uint4 pc_ld16(const pc_t *p, pc_idx i) { return *(const uint4 *)(p + i); }
+
+template <class Op, bool VB>
+struct pc_vec_cursor : pc_cursor<Op, true, PC_TC_VA> {
+    /* the base steps the digits at channel (step base + vector * VE), the vectors', and keeps the row bits; b: the
+     * Red of the thread's B reduction lane when B is gathered element-wise */
+    typedef pc_cursor<Op, true, PC_TC_VA> base;
+    pc_idx db; /* B's channel - the vector's channel */
+    typename Op::Red b;
+    PC_DEVICE void set_b(const Op &op) {
+        if (VB) return;
+        pc_tapstep t = this->s;
+        t.ch += db;
+        b = op.red_at(t);
+    }
+    PC_DEVICE pc_vec_cursor(const Op &op, const typename Op::Row *rows, pc_idx r0, pc_idx rend, int rr, int)
+        : base(op, rows, r0 - rr + pc_vec_part() * PC_TC_VE, rend), db(rr - pc_vec_part() * PC_TC_VE) {
+        set_b(op);
+    }
+    static PC_DEVICE int pc_vec_part() { return (int)threadIdx.x % PC_TC_VP; }
+    PC_DEVICE void next(const Op &op, const typename Op::Row *rows) {
+        base::next(op, rows);
+        set_b(op);
+    }
+    /* va: the thread's A vectors; vb: its B vectors (VB), or rb: its B elements */
+    PC_DEVICE void fetch(const Op &op, const typename Op::Row *rows, const typename Op::Col *cols, uint4 *va,
+                         uint4 *vb, pc_tc_e *rb) const {
+        const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+        for (int i = 0; i < PC_TC_VA; ++i)
+            va[i] = (this->ok >> i & 1u) ? pc_ld16(op.A_src(), op.A_off(rows[i], this->d)) : z;
+        if (VB) {
+#pragma unroll
+            for (int j = 0; j < PC_TC_VBN; ++j) vb[j] = cols[j].ok ? pc_ld16(op.w, op.B_off(this->d, cols[j])) : z;
+        } else {
+#pragma unroll
+            for (int j = 0; j < PC_TC_BJ; ++j) rb[j] = op.template B<pc_tc_e>(b, cols[j]);
+        }
+    }
+};
+
+/* Note [async stages]: the 16-bit vector modes copy global to shared with cp.async (16 bytes, zero-filled when the
+ * source is out of bounds: src-size 0), no registers on the way, into a ring of PC_TC_NBUF stage buffers: stages k+1
+ * .. k+NBUF-1 are in flight while step k multiplies, where the double buffer had one step of loads in flight, its
+ * latency exposed behind 8-16 mma a warp (Nsight Compute on v4: a step took ~1600 cycles on resnet50-l1-3x3-bf16-cl).
+ * Element-wise B (Mode 3) keeps the register double buffer one step ahead, written into the ring's stage. */
+PC_DEVICE void pc_cp16(void *dst, const void *src, bool ok) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(ok ? 16 : 0));
+}
+PC_DEVICE void pc_cp_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+PC_DEVICE void pc_cp_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
+/* The thread's A vectors (and B vectors, VB) of the cursor's step into stage buffers A, B with cp.async. */
+template <bool VB, class Op>
+PC_DEVICE void pc_tc_issue(const Op &op, const pc_vec_cursor<Op, true> &cur, const typename Op::Row *rows,
+                           const typename Op::Col *cols, unsigned (*A)[PC_TC_LDW], unsigned (*B)[PC_TC_LDW], int tid) {
+    const int part = tid % PC_TC_VP, lv = tid / PC_TC_VP;
+#pragma unroll
+    for (int i = 0; i < PC_TC_VA; ++i) {
+        const bool in = cur.ok >> i & 1u;
+        pc_cp16(&A[lv + (PC_NT / PC_TC_VP) * i][4 * part], op.A_src() + (in ? op.A_off(rows[i], cur.d) : 0), in);
+    }
+    if (VB) {
+#pragma unroll
+        for (int j = 0; j < PC_TC_VBN; ++j)
+            if (lv + (PC_NT / PC_TC_VP) * j < PC_TC_BN)
+                pc_cp16(&B[lv + (PC_NT / PC_TC_VP) * j][4 * part], op.w + (cols[j].ok ? op.B_off(cur.d, cols[j]) : 0),
+                        cols[j].ok);
+    }
+}
+
+PC_DEVICE void pc_tc_stage_vec(unsigned *row, const uint4 &v) {
+#if PC_DTYPE == 0
+    *(uint4 *)row = make_uint4(pc_tc_word(__uint_as_float(v.x)), pc_tc_word(__uint_as_float(v.y)),
+                               pc_tc_word(__uint_as_float(v.z)), pc_tc_word(__uint_as_float(v.w)));
+#else
+    *(uint4 *)row = v;
+#endif
+}
+
+/* One step of vector gathers into shared buffers A and B (Note [vector gathers]). */
+template <bool VB>
+PC_DEVICE void pc_tc_stage_vec_step(unsigned (*A)[PC_TC_LDW], unsigned (*B)[PC_TC_LDW], const uint4 *va,
+                                    const uint4 *vb, const pc_tc_e *rb, int tid) {
+    const int part = tid % PC_TC_VP, lv = tid / PC_TC_VP;
+#pragma unroll
+    for (int i = 0; i < PC_TC_VA; ++i) pc_tc_stage_vec(&A[lv + (PC_NT / PC_TC_VP) * i][4 * part], va[i]);
+    if (VB) {
+#pragma unroll
+        for (int j = 0; j < PC_TC_VBN; ++j)
+            if (lv + (PC_NT / PC_TC_VP) * j < PC_TC_BN) pc_tc_stage_vec(&B[lv + (PC_NT / PC_TC_VP) * j][4 * part], vb[j]);
+    } else {
+        const int rr = tid % PC_BK, lq = tid / PC_BK;
+#pragma unroll
+        for (int j = 0; j < PC_TC_BJ; ++j) pc_tc_stage(B[lq + PC_LQ * j], rr, rb[j]);
+    }
+}
+
 /* The gathered values of one step into shared buffers A and B, in the layout the cursor gathered them. */
 template <bool MLane>
 PC_DEVICE void pc_tc_stage_step(unsigned (*A)[PC_TC_LDW], unsigned (*B)[PC_TC_LDW], const pc_tc_e *ra,
@@ -197,60 +349,161 @@ PC_DEVICE void pc_tc_stage_step(unsigned (*A)[PC_TC_LDW], unsigned (*B)[PC_TC_LD
     for (int j = 0; j < PC_TC_BJ; ++j) pc_tc_stage(B[lq + PC_LQ * j], rr, rb[j]);
 }
 
-/* Mode 0: generic steps; 1: tap-major steps, reduction lanes; 2: tap-major steps, M-lane A (NCHW). */
+/* The accumulators of a warp's tile through the op's stores, each row and column decoded once (Note [split stores],
+ * conv_igemm.cuh): the thread holds rows 16i + g (+ 8) and columns 8j + 2t (+ 1). */
+template <class Op>
+PC_DEVICE void pc_tc_epilogue(const Op &op, const float (&acc)[PC_TC_MT][PC_TC_NT][4], pc_idx m0, pc_idx n0, int g,
+                              int t, pc_idx M, pc_idx NC) {
+    pc_idx oc[PC_TC_NT][2];
+#pragma unroll
+    for (int j = 0; j < PC_TC_NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) oc[j][e] = op.out_col(n0 + 8 * j + 2 * t + e < NC ? n0 + 8 * j + 2 * t + e : 0);
+#pragma unroll
+    for (int i = 0; i < PC_TC_MT; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const pc_idx m = m0 + 16 * i + g + 8 * h;
+            if (m >= M) continue;
+            const pc_idx orow = op.out_row(m);
+#pragma unroll
+            for (int j = 0; j < PC_TC_NT; ++j) {
+                const pc_idx n = n0 + 8 * j + 2 * t;
+                if (n < NC) op.put(orow, oc[j][0], n, acc[i][j][2 * h]);
+                if (n + 1 < NC) op.put(orow, oc[j][1], n + 1, acc[i][j][2 * h + 1]);
+            }
+        }
+    }
+}
+
+#if PC_TC_ASYNC
+/* Note [async stages]: Modes 3 (VB false) and 4 of the 16-bit types. */
+template <class Op, bool VB>
+PC_DEVICE void pc_igemm_tc_async(const Op &op, pc_idx M, pc_idx NC, pc_idx rbeg, pc_idx rend) {
+    auto &As = pc_tc_shared().A;
+    auto &Bs = pc_tc_shared().B;
+    constexpr int S = PC_TC_NBUF;
+    const int tid = (int)threadIdx.x, rr = tid % PC_BK, lq = tid / PC_BK;
+    const int warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
+    const int wm = (warp % PC_TC_WM) * PC_TC_WTM, wn = (warp / PC_TC_WM) * PC_TC_WTN;
+    const pc_idx m0 = (pc_idx)blockIdx.x * PC_TC_BM, n0 = (pc_idx)blockIdx.y * PC_TC_BN;
+    const int lv = tid / PC_TC_VP;
+    constexpr int BC = VB ? PC_TC_VBN : PC_TC_BJ;
+    typename Op::Row rows[PC_TC_VA];
+    typename Op::Col cols[BC];
+#pragma unroll
+    for (int j = 0; j < PC_TC_VA; ++j) rows[j] = op.row(m0 + lv + (PC_NT / PC_TC_VP) * j, M);
+#pragma unroll
+    for (int j = 0; j < BC; ++j) cols[j] = op.col(VB ? n0 + lv + (PC_NT / PC_TC_VP) * j : n0 + lq + PC_LQ * j, NC);
+    float acc[PC_TC_MT][PC_TC_NT][4];
+#pragma unroll
+    for (int i = 0; i < PC_TC_MT; ++i)
+#pragma unroll
+        for (int j = 0; j < PC_TC_NT; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+    pc_vec_cursor<Op, true> cur(op, rows, rbeg + rr, rend, rr, 0); /* the A (and B) vectors, S - 1 steps ahead */
+    pc_cursor<Op, true, 0> bcur(op, rows, rbeg + rr, rend);        /* element-wise B, one step ahead */
+    pc_tc_e rb[VB ? 1 : PC_TC_BJ];
+    const pc_idx steps = (rend - rbeg) / PC_BK; /* whole steps: the vector modes need channel counts in 16s */
+#pragma unroll
+    for (int k = 0; k < S - 1; ++k) {
+        if (k < steps) {
+            if (k) cur.next(op, rows);
+            pc_tc_issue<VB>(op, cur, rows, cols, As[k], Bs[k], tid);
+        }
+        pc_cp_commit();
+    }
+    if (!VB && steps > 0) {
+        bcur.template fetch<pc_tc_e, PC_TC_BJ>(op, rows, cols, rb, rb);
+#pragma unroll
+        for (int j = 0; j < PC_TC_BJ; ++j) pc_tc_stage(Bs[0][lq + PC_LQ * j], rr, rb[j]);
+    }
+    for (pc_idx k = 0; k < steps; ++k) {
+        const int buf = (int)(k % S);
+        pc_cp_wait<S - 2>(); /* this thread's copies of step k are done */
+        PC_BARRIER();        /* ... everyone's; and step k - 1's buffers are free */
+        if (k + S - 1 < steps) {
+            cur.next(op, rows);
+            pc_tc_issue<VB>(op, cur, rows, cols, As[(k + S - 1) % S], Bs[(k + S - 1) % S], tid);
+        }
+        pc_cp_commit();
+        const bool bnext = !VB && k + 1 < steps;
+        if (bnext) {
+            bcur.next(op, rows);
+            bcur.template fetch<pc_tc_e, PC_TC_BJ>(op, rows, cols, rb, rb);
+        }
+        pc_tc_mma<false>(acc, As[buf] + wm, Bs[buf] + wn, g, t);
+        if (bnext) {
+#pragma unroll
+            for (int j = 0; j < PC_TC_BJ; ++j) pc_tc_stage(Bs[(k + 1) % S][lq + PC_LQ * j], rr, rb[j]);
+        }
+    }
+    pc_tc_epilogue(op, acc, m0 + wm, n0 + wn, g, t, M, NC);
+}
+#endif
+
+/* Mode 0: generic steps; 1: tap-major steps, reduction lanes; 2: tap-major steps, M-lane A (NCHW); 3: tap-major
+ * steps, vector A (Note [vector gathers]); 4: vector A and B. */
 template <class Op, int Mode>
 PC_DEVICE void pc_igemm_tc_run(const Op &op, pc_idx M, pc_idx NC, pc_idx rbeg, pc_idx rend) {
+#if PC_TC_ASYNC
+    if constexpr (Mode >= 3) return pc_igemm_tc_async<Op, Mode == 4>(op, M, NC, rbeg, rend);
+#endif
     auto &As = pc_tc_shared().A;
     auto &Bs = pc_tc_shared().B;
     const int tid = (int)threadIdx.x, rr = tid % PC_BK, lq = tid / PC_BK;
     const int warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
     const int wm = (warp % PC_TC_WM) * PC_TC_WTM, wn = (warp / PC_TC_WM) * PC_TC_WTN;
     const pc_idx m0 = (pc_idx)blockIdx.x * PC_TC_BM, n0 = (pc_idx)blockIdx.y * PC_TC_BN;
-    constexpr bool mlane = Mode == 2;
-    constexpr int AR = mlane ? PC_TC_AI : PC_TC_AJ; /* A rows per thread */
+    constexpr bool mlane = Mode == 2, vec = Mode >= 3, vb = Mode == 4;
+    constexpr int AR = vec ? PC_TC_VA : mlane ? PC_TC_AI : PC_TC_AJ; /* A rows per thread */
+    constexpr int BC = vb ? PC_TC_VBN : PC_TC_BJ;                      /* B columns per thread */
+    const int lv = tid / PC_TC_VP;                                     /* vector row (column) of the thread */
     typename Op::Row rows[AR];
-    typename Op::Col cols[PC_TC_BJ];
+    typename Op::Col cols[BC];
 #pragma unroll
-    for (int j = 0; j < AR; ++j) rows[j] = op.row(mlane ? m0 + lane + 32 * j : m0 + lq + PC_LQ * j, M);
+    for (int j = 0; j < AR; ++j)
+        rows[j] = op.row(vec ? m0 + lv + (PC_NT / PC_TC_VP) * j : mlane ? m0 + lane + 32 * j : m0 + lq + PC_LQ * j, M);
 #pragma unroll
-    for (int j = 0; j < PC_TC_BJ; ++j) cols[j] = op.col(n0 + lq + PC_LQ * j, NC);
-    pc_tc_e ra[PC_TC_AJ], rb[PC_TC_BJ];
+    for (int j = 0; j < BC; ++j) cols[j] = op.col(vb ? n0 + lv + (PC_NT / PC_TC_VP) * j : n0 + lq + PC_LQ * j, NC);
+    pc_tc_e ra[vec ? 1 : PC_TC_AJ], rb[vb ? 1 : PC_TC_BJ];
+    uint4 va[vec ? PC_TC_VA : 1], vv[vb ? PC_TC_VBN : 1];
     float acc[PC_TC_MT][PC_TC_NT][4];
 #pragma unroll
     for (int i = 0; i < PC_TC_MT; ++i)
 #pragma unroll
         for (int j = 0; j < PC_TC_NT; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
-    typename pc_if<mlane, pc_mlane_cursor<Op>, pc_cursor<Op, Mode == 1, AR>>::type cur(op, rows, rbeg + rr, rend,
-                                                                                          rr, warp);
+    typedef typename pc_if<mlane, pc_mlane_cursor<Op>, pc_cursor<Op, Mode == 1, AR>>::type scalar_cursor;
+    typename pc_if<vec, pc_vec_cursor<Op, vb>, scalar_cursor>::type cur(op, rows, rbeg + rr, rend, rr, warp);
+    /* (no lambdas for the fetch / stage pairs below: NVRTC 13.0 rejects them here) */
     int buf = 0;
     if (rbeg < rend) {
-        cur.template fetch<pc_tc_e, PC_TC_BJ>(op, rows, cols, ra, rb);
-        pc_tc_stage_step<mlane>(As[0], Bs[0], ra, rb, tid);
+        if constexpr (vec) {
+            cur.fetch(op, rows, cols, va, vv, rb);
+            pc_tc_stage_vec_step<vb>(As[0], Bs[0], va, vv, rb, tid);
+        } else {
+            cur.template fetch<pc_tc_e, PC_TC_BJ>(op, rows, cols, ra, rb);
+            pc_tc_stage_step<mlane>(As[0], Bs[0], ra, rb, tid);
+        }
     }
     PC_BARRIER();
     for (pc_idx r0 = rbeg; r0 < rend; r0 += PC_BK) {
         const bool more = r0 + PC_BK < rend;
         if (more) {
             cur.next(op, rows);
-            cur.template fetch<pc_tc_e, PC_TC_BJ>(op, rows, cols, ra, rb);
+            if constexpr (vec)
+                cur.fetch(op, rows, cols, va, vv, rb);
+            else
+                cur.template fetch<pc_tc_e, PC_TC_BJ>(op, rows, cols, ra, rb);
         }
         pc_tc_mma<mlane && PC_TC_SW>(acc, As[buf] + wm, Bs[buf] + wn, g, t);
-        if (more) pc_tc_stage_step<mlane>(As[buf ^ 1], Bs[buf ^ 1], ra, rb, tid);
+        if (more) {
+            if constexpr (vec)
+                pc_tc_stage_vec_step<vb>(As[buf ^ 1], Bs[buf ^ 1], va, vv, rb, tid);
+            else
+                pc_tc_stage_step<mlane>(As[buf ^ 1], Bs[buf ^ 1], ra, rb, tid);
+        }
         PC_BARRIER();
         buf ^= 1;
     }
-#pragma unroll
-    for (int i = 0; i < PC_TC_MT; ++i) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const pc_idx m = m0 + wm + 16 * i + g + 8 * h;
-            if (m >= M) continue;
-#pragma unroll
-            for (int j = 0; j < PC_TC_NT; ++j) {
-                const pc_idx n = n0 + wn + 8 * j + 2 * t;
-                if (n < NC) op.store(m, n, acc[i][j][2 * h]);
-                if (n + 1 < NC) op.store(m, n + 1, acc[i][j][2 * h + 1]);
-            }
-        }
-    }
+    pc_tc_epilogue(op, acc, m0 + wm, n0 + wn, g, t, M, NC);
 }

@@ -369,3 +369,68 @@ def test_tensor_core_every_tile(gpu, tile, dtype, monkeypatch):
     finally:
         conv.fp32_precision = old
         clear_cache()
+
+
+VEC_CASES = [  # Note [vector gathers]: channel counts of A's reduction multiples of 16; edges of every tile
+    ((3, 32, 13, 11), (48, 32, 3, 3), dict(padding=1, stride=2)),  # phase bwd-data over 4 phases, K = 48
+    ((2, 48, 5, 9, 7), (32, 48, 3, 3, 3), dict(padding=1)),  # taps along depth
+    ((2, 16, 11, 12), (32, 16, 3, 3), dict(padding=(1, 2), dilation=(1, 2))),  # C = 16, dilation
+    ((2, 32, 9, 9), (32, 24, 4, 4), dict(stride=2, padding=1, output_padding=1, transposed=True)),
+    ((5, 16, 7, 7), (144, 16, 1, 1), dict()),  # 144 columns: a partial second column tile
+]
+
+
+@pytest.mark.parametrize("w_layout", ["chlast", "contig"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("case", range(len(VEC_CASES)))
+def test_tensor_core_vector_gathers(gpu, case, dtype, w_layout, monkeypatch):
+    """Note [vector gathers]: channels-last problems whose reduction channels come in 16s read A (and, forward with a
+    channels-last weight, B) 16 bytes at a time: the launches carry FLAG_VA (FLAG_VB), every direction matches
+    float64; the same problem from a misaligned address runs the element gathers (no flag) and matches too."""
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    if conv is None or not hasattr(conv, "fp32_precision"):
+        pytest.skip("this torch has no torch.backends.cudnn.conv.fp32_precision")
+    flags = []
+    real = cuda._Run._vector_flags
+
+    def spy(self, a=None, b=None):
+        flags.append(real(self, a, b))
+        return flags[-1]
+
+    monkeypatch.setattr(cuda._Run, "_vector_flags", spy)
+    xs, ws, kw = VEC_CASES[case]
+    x, w, b, p = _make(xs, ws, kw, "chlast", dtype, gpu)
+    if w_layout == "chlast":
+        w = w.contiguous(memory_format=torch.channels_last if w.dim() == 4 else torch.channels_last_3d)
+    old = conv.fp32_precision
+    conv.fp32_precision = "tf32"
+    try:
+        for misaligned in (False, True):
+            if misaligned:  # the same values one element past a 16-byte boundary
+                buf = torch.empty(x.numel() + 1, device=gpu, dtype=dtype)
+                x = buf[1:].as_strided(x.shape, x.stride()).copy_(x)
+            flags.clear()
+            clear_cache()
+            plan = portconv.plan(x, w, b, **kw, backend="cuda")
+            assert plan.algorithm == "igemm-tc", plan.reason
+            go = torch.randn(tuple(plan.problem.output_shape), device=gpu).to(dtype)
+            go = go.contiguous(memory_format=x.dim() == 4 and torch.channels_last or torch.channels_last_3d)
+            ref = reference(x, w, b, p, go)
+            be = cuda.CudaBackend()
+            got = (be.forward(plan, x, w, b), *be.backward(plan, go, x, w, (True, True, True)))
+            for name, g_, r in zip(("output", "grad_input", "grad_weight", "grad_bias"), got, ref):
+                assert torch.isfinite(g_).all(), name
+                err = ((g_.double().cpu() - r).norm() / r.norm().clamp_min(1e-30)).item()
+                assert err < TC_TOL[dtype], f"case {case} {dtype} {w_layout} {name} misaligned={misaligned}: {err:.3g}"
+            used = 0
+            for f in flags:
+                used |= f
+            if not misaligned:
+                assert used & cuda.FLAG_VA, flags
+            elif not p.transposed:  # the forward's A is the misaligned x
+                assert not flags[0] & cuda.FLAG_VA, flags
+            if not p.transposed:  # B of the forward is W: vectors when its channels are contiguous (a 1x1 W is)
+                assert bool(flags[0] & cuda.FLAG_VB) == cuda.vector_ok(w, w.element_size()), flags
+    finally:
+        conv.fp32_precision = old
+        clear_cache()

@@ -342,3 +342,20 @@ def test_igemm_tc_host_path_on_cpu(emu_backend, case, monkeypatch):
         plan = Plan(problem, BackendId.CUDA, "igemm-tc", choice.memory_format, choice.reason, _DEVICE)
         got = (emu_backend.forward(plan, x, w, b), *emu_backend.backward(plan, go, x, w, (True, True, True)))
         _check(got, ref, dtype, "igemm-tc")
+
+
+def test_vector_ok():
+    """Note [vector gathers]: the host lets a tensor's channels be read 16 bytes at a time only when its channel axis is
+    contiguous, its other axes (of extent > 1) step by 16-byte multiples and its address is 16-byte aligned."""
+    x = torch.empty(2, 32, 5, 7, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    assert x.data_ptr() % 16 == 0
+    assert cuda.vector_ok(x, 2)
+    assert not cuda.vector_ok(x.contiguous(), 2)  # NCHW: channels HW apart
+    buf = torch.empty(x.numel() + 1, dtype=torch.float16)
+    assert not cuda.vector_ok(buf[1:].as_strided(x.shape, x.stride()), 2)  # 2 bytes past alignment
+    odd = torch.empty(2, 12, 5, 7, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    assert not cuda.vector_ok(odd, 2)  # a pixel is 24 bytes: its neighbour is not 16-byte aligned
+    one = torch.empty(1, 12, 1, 1, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    assert cuda.vector_ok(one, 2) == (one.data_ptr() % 16 == 0)  # extent-1 axes never step
+    f = torch.empty(2, 4, 3, 3, dtype=torch.float32).contiguous(memory_format=torch.channels_last)
+    assert cuda.vector_ok(f, 4)

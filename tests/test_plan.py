@@ -285,3 +285,17 @@ def test_clear_cache_clears_the_fast_path(fresh):
     assert functional._fast
     clear_cache()
     assert not functional._fast
+
+
+@pytest.mark.parametrize("knob", ["PORTCONV_CUDA_IGEMM_TC_TILE", "PORTCONV_CUDA_IGEMM_TC_V4", "PORTCONV_CUDA_DEPTHWISE",
+                                  "PORTCONV_CUDA_DEPTHWISE_TILE"])
+def test_kernel_variant_knobs_make_a_new_plan(fresh, monkeypatch, knob):
+    """The cuda backend reads its kernel-variant knobs when a plan's launches are first recorded (Note [replayed
+    launches]); they are in the plan cache's key, so a change mid-process gets a new plan (a tile sweep that reused
+    one plan timed the first variant under every name)."""
+    x, w = torch.randn(2, 4, 8, 8), torch.randn(4, 4, 3, 3)
+    monkeypatch.delenv(knob, raising=False)
+    first = portconv.plan(x, w, padding=1, backend="aten")
+    assert portconv.plan(x, w, padding=1, backend="aten") is first
+    monkeypatch.setenv(knob, "1")
+    assert portconv.plan(x, w, padding=1, backend="aten") is not first

@@ -14,6 +14,7 @@ ARG_FIELDS = (("x", 1), ("w", 1), ("y", 1), ("b", 1), ("ws", 1), ("N", 1), ("C",
               ("bs", 1), ("splits", 1), ("chunk", 1), ("flags", 1))
 ARG_COUNT = sum(n for _, n in ARG_FIELDS)
 FLAG_CL = 1
+FLAG_VA, FLAG_VB = 2, 4  # Note [vector gathers] (cuda/conv_igemm_tc.cuh): A / B may be read 16 bytes at a time
 DTYPE_CODE = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3}
 ENTRY = {"direct": "direct.cu", "depthwise": "depthwise.cu", "implicit_gemm": "igemm.cu", "igemm-tc": "igemm.cu"}
 PREFIX = {"direct": "portconv_direct", "depthwise": "portconv_depthwise", "implicit_gemm": "portconv_igemm",
@@ -26,6 +27,7 @@ TC_MMA = {"float16": "mma.sync fp16 m16n8k16, fp32 accumulate", "bfloat16": "mma
           "float32": "mma.sync tf32 m16n8k8 (operands rounded to TF32), fp32 accumulate"}
 TC_TILES = {"128x128": (128, 128, 2), "128x64": (128, 64, 4), "64x128": (64, 128, 1)}  # BM, BN, warps along M
 TC_TILE_ENV = "PORTCONV_CUDA_IGEMM_TC_TILE"  # force one TC_TILES entry for every launch (experiments)
+TC_V4_ENV = "PORTCONV_CUDA_IGEMM_TC_V4"  # "1": the v4 tile (no ldmatrix, no vector gathers; before/after timings)
 THREADS = 256
 DW_TAPS = 9  # PC_DW_TAPS of cuda/conv_depthwise.cuh
 DW_V = 4  # PC_DW_V of cuda/conv_depthwise_rows.cuh: outputs per thread along the last spatial axis
@@ -290,6 +292,15 @@ def strides5(x) -> tuple[int, ...]:
     return st[:2] + (0,) * (5 - len(st)) + st[2:]
 
 
+def vector_ok(t, item: int) -> bool:
+    """Note [vector gathers]: t's channel axis (1) is contiguous, every other axis that is not of extent 1 steps by a
+    multiple of 16 bytes, and its address is 16-byte aligned, so 16 channels from a multiple of 16 are aligned
+    16-byte vectors."""
+    st, shape = elem_strides(t), tuple(t.shape)
+    return (st[1] == 1 and _cupy.Tensors.ptr(t) % 16 == 0
+            and all((s * item) % 16 == 0 for i, (s, n) in enumerate(zip(st, shape)) if i != 1 and n > 1))
+
+
 def _splits(blocks: int, total: int, min_chunk: int, units: int, count: int, align: int = 1) -> tuple[int, int]:
     """(splits, chunk) of a reduction of ``total`` terms so that ``blocks`` x splits fills the device."""
     target = 4 * max(units, 1)
@@ -479,14 +490,14 @@ class _Run:
         return self.backend.kernels().function(ENTRY[self.alg], defines, self.io.device, name)
 
     def _args(self, x=None, w=None, y=None, b=None, ws=None, xs=None, wst=None, ys=None, bs=0, splits=1, chunk=1,
-              C=None, K=None, R=None, Y=None):
+              C=None, K=None, R=None, Y=None, flags=0):
         import numpy as np
 
         v = self.view
         ptr = _cupy.Tensors.ptr
         vals = [ptr(x), ptr(w), ptr(y), ptr(b), ptr(ws), v.N, v.C if C is None else C, v.K if K is None else K, v.G,
                 *v.X, *(v.Y if Y is None else Y), *(v.R if R is None else R), *v.S, *v.P, *v.DL,
-                *(xs or (0,) * 5), *(wst or (0,) * 5), *(ys or (0,) * 5), bs, splits, chunk, self.flags]
+                *(xs or (0,) * 5), *(wst or (0,) * 5), *(ys or (0,) * 5), bs, splits, chunk, self.flags | flags]
         assert len(vals) == ARG_COUNT
         args = np.array(vals, dtype=np.int64).view(np.dtype((np.void, 8 * ARG_COUNT)))
         if self.rec is not None:
@@ -500,8 +511,23 @@ class _Run:
         """(BM, BN, extra defines) of the implicit GEMM tile for an M x N GEMM: the FMA tile, or a tensor-core one."""
         if self.alg != "igemm-tc":
             return IGEMM_TILE[0], IGEMM_TILE[1], None
+        import os
+
         bm, bn, wm = tc_tile(m, n, self.units)
-        return bm, bn, {"PC_TENSOR_CORES": 1, "PC_TC_BM": bm, "PC_TC_BN": bn, "PC_TC_WM": wm}
+        extra = {"PC_TENSOR_CORES": 1, "PC_TC_BM": bm, "PC_TC_BN": bn, "PC_TC_WM": wm}
+        if os.environ.get(TC_V4_ENV) == "1":
+            extra["PC_TC_LDSM"] = 0
+        return bm, bn, extra
+
+    def _vector_flags(self, a=None, b=None) -> int:
+        """Note [vector gathers]: FLAG_VA / FLAG_VB for an igemm-tc launch whose A / B tensors are a / b."""
+        import os
+
+        if self.alg != "igemm-tc" or os.environ.get(TC_V4_ENV) == "1":
+            return 0
+        item = 4 if self.plan.problem.dtype == "float32" else 2
+        return (FLAG_VA if a is not None and vector_ok(a, item) else 0) | (
+            FLAG_VB if b is not None and vector_ok(b, item) else 0)
 
     def _elementwise_grid(self, total: int) -> tuple[int, int, int]:
         return (max(1, min(-(-total // THREADS), self.units * 32)), 1, 1)
@@ -513,7 +539,7 @@ class _Run:
     def fwd(self, x, w, y, bias) -> None:
         v = self.view
         a = self._args(x=x, w=w, y=y, b=bias, xs=strides5(x), wst=strides5(w), ys=strides5(y),
-                       bs=self._bias_stride(bias))
+                       bs=self._bias_stride(bias), flags=self._vector_flags(x, w))
         name, extra = f"{PREFIX[self.alg]}_fwd", None
         if self.alg in IGEMM_ALGS:
             bm, bn, extra = self._igemm_tile(v.y_positions, v.K // v.G)
@@ -528,11 +554,12 @@ class _Run:
 
     def bwd_data(self, dx, w, dy, bias) -> None:
         v = self.view
+        phases = self.alg == "igemm-tc" and all(s == 1 or d == 1 for s, d in zip(v.S, v.DL))
         a = self._args(x=dx, w=w, y=dy, b=bias, xs=strides5(dx), wst=strides5(w), ys=strides5(dy),
-                       bs=self._bias_stride(bias))
+                       bs=self._bias_stride(bias), flags=self._vector_flags(dy) if phases else 0)
         positions = v.N * v.X[0] * v.X[1] * v.X[2]
         name, extra = f"{PREFIX[self.alg]}_bwd_data", None
-        if self.alg == "igemm-tc" and all(s == 1 or d == 1 for s, d in zip(v.S, v.DL)):  # Note [bwd-data phases]
+        if phases:  # Note [bwd-data phases]
             name += "_phase"
             phase0 = v.N * -(-v.X[0] // v.S[0]) * -(-v.X[1] // v.S[1]) * -(-v.X[2] // v.S[2])
             bm, bn, extra = self._igemm_tile(phase0, v.C // v.G)

@@ -4,6 +4,8 @@ against cuDNN on the suite's dense rows, per direction, same process, same data 
     PYTHONPATH=. python3 scripts/gpu/igemm_tc.py --dtypes float16,float32 --tiles auto,128x128,128x64,64x128 \
         --out $OUT/sweep.json [--budget 90]
 
+Tile `v4` is the auto tile with PORTCONV_CUDA_IGEMM_TC_V4=1 (the v4 kernel: no ldmatrix, no vector gathers).
+
 float32 runs under torch's default conv precision (TF32 allowed), so cuDNN and igemm-tc both use TF32.
 """
 from __future__ import annotations
@@ -56,7 +58,10 @@ def main() -> int:
             res = {"row": row.name, "dtype": dtype, "ms": {}}
             entries = [("cudnn", "cudnn", None)] + [(f"tc-{t}", "cuda", t) for t in a.tiles.split(",")]
             for label, backend, tile in entries:
-                if tile is None or tile == "auto":
+                os.environ.pop(cuda.TC_V4_ENV, None)
+                if tile == "v4":  # the v4 kernel (auto tile), for before / after in one process
+                    os.environ[cuda.TC_V4_ENV] = "1"
+                if tile is None or tile in ("auto", "v4"):
                     os.environ.pop(cuda.TC_TILE_ENV, None)
                 else:
                     os.environ[cuda.TC_TILE_ENV] = tile
@@ -82,6 +87,7 @@ def main() -> int:
                         res["ms"].setdefault(label, {})[d] = None
                         res.setdefault("errors", []).append(f"{label} {d}: {type(e).__name__}: {e}"[:400])
             os.environ.pop(cuda.TC_TILE_ENV, None)
+            os.environ.pop(cuda.TC_V4_ENV, None)
             ms = res["ms"]
             line = [f"{row.name:28s} {dtype:8s}"]
             for d in DIRS:

@@ -4,6 +4,7 @@ Run from the repository root on a CUDA machine, under ncu, e.g.
   ncu --clock-control none -k regex:portconv_igemm --section SpeedOfLight --section WarpStateStats \
       --section InstructionStats python3 scripts/gpu/tc_ncu.py resnet50-l1-3x3 float16 fwd,bwd-data,bwd-weight
 Each direction runs twice (the first call records the replayed launches); the row runs in the dtype given.
+A fourth argument `torch` runs PyTorch's own call (cuDNN) instead, three times a direction, for its kernels.
 """
 from __future__ import annotations
 
@@ -27,11 +28,15 @@ def main() -> int:
     row = dataclasses.replace(row, dtype=dtype)
     lay = plan_layout(row.case, dtype)
     (s,) = torch_sets(lay, host_random(lay, 1, 1), 1, torch.device("cuda", 0))
-    plan = portconv.plan(s.input, s.weight, s.bias, **row.case.conv_args(), backend="cuda")
-    print(f"{name} {dtype}: {plan.algorithm}: {plan.reason}", flush=True)
-    calls = _Calls(row, plan)
+    torch_call = len(sys.argv) > 4 and sys.argv[4] == "torch"
+    if torch_call:
+        calls = _Calls(row)
+    else:
+        plan = portconv.plan(s.input, s.weight, s.bias, **row.case.conv_args(), backend="cuda")
+        print(f"{name} {dtype}: {plan.algorithm}: {plan.reason}", flush=True)
+        calls = _Calls(row, plan)
     for d in dirs:
-        for _ in range(2):
+        for _ in range(3 if torch_call else 2):
             calls.get(d)(s)
     torch.cuda.synchronize()
     return 0
