@@ -408,7 +408,7 @@ struct pc_igemm_bwd_data_phase_op : pc_igemm_base {
     struct Row { pc_idx yo, a0, a1, a2; bool ok; };
     struct Col { pc_idx wo; bool ok; };
     struct Red { pc_idx yo, wo, j0, j1, j2; bool ok; };
-    static constexpr bool vector_b = false; /* B (W) along K: never contiguous */
+    static constexpr bool vector_b = true; /* Note [vector gathers]: B (W) along K, contiguous once staged */
     PC_DEVICE static void axis(pc_idx X, pc_idx R, pc_idx S, pc_idx P, pc_idx q, pc_idx &E, pc_idx &T, pc_idx &rq,
                                pc_idx &c) {
         E = q < X ? (X - q + S - 1) / S : 0;

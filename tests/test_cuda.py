@@ -393,8 +393,8 @@ def test_tensor_core_vector_gathers(gpu, case, dtype, w_layout, monkeypatch):
     flags = []
     real = cuda._Run._vector_flags
 
-    def spy(self, a=None, b=None):
-        flags.append(real(self, a, b))
+    def spy(self, *a, **k):
+        flags.append(real(self, *a, **k))
         return flags[-1]
 
     monkeypatch.setattr(cuda._Run, "_vector_flags", spy)
@@ -431,6 +431,54 @@ def test_tensor_core_vector_gathers(gpu, case, dtype, w_layout, monkeypatch):
                 assert not flags[0] & cuda.FLAG_VA, flags
             if not p.transposed:  # B of the forward is W: vectors when its channels are contiguous (a 1x1 W is)
                 assert bool(flags[0] & cuda.FLAG_VB) == cuda.vector_ok(w, w.element_size()), flags
+    finally:
+        conv.fp32_precision = old
+        clear_cache()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("case", range(len(VEC_CASES)))
+def test_tensor_core_channels_last_staging(gpu, case, dtype, monkeypatch):
+    """Note [channels-last staging]: dense NCHW operands of a vector-eligible launch (at every size here: stage_pays
+    overruled) are first transposed into channel-contiguous workspaces; the launches then carry FLAG_VA and
+    FLAG_VB, every direction matches float64, and the caller's tensors are unchanged."""
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    if conv is None or not hasattr(conv, "fp32_precision"):
+        pytest.skip("this torch has no torch.backends.cudnn.conv.fp32_precision")
+    monkeypatch.setattr(cuda, "stage_pays", lambda macs, elems, direction: bool(elems))
+    flags, staged = [], []
+    real_flags, real_t = cuda._Run._vector_flags, cuda._Run._transposed
+
+    def spy_flags(self, *a, **k):
+        flags.append(real_flags(self, *a, **k))
+        return flags[-1]
+
+    def spy_t(self, t, *a, **k):
+        staged.append(tuple(t.shape))
+        return real_t(self, t, *a, **k)
+
+    monkeypatch.setattr(cuda._Run, "_vector_flags", spy_flags)
+    monkeypatch.setattr(cuda._Run, "_transposed", spy_t)
+    xs, ws, kw = VEC_CASES[case]
+    x, w, b, p = _make(xs, ws, kw, "contig", dtype, gpu)
+    old = conv.fp32_precision
+    conv.fp32_precision = "tf32"
+    try:
+        clear_cache()
+        plan = portconv.plan(x, w, b, **kw, backend="cuda")
+        assert plan.algorithm == "igemm-tc", plan.reason
+        go = torch.randn(tuple(plan.problem.output_shape), device=gpu).to(dtype)
+        ref = reference(x, w, b, p, go)
+        keep = [t.clone() for t in (x, w, go)]
+        be = cuda.CudaBackend()
+        got = (be.forward(plan, x, w, b), *be.backward(plan, go, x, w, (True, True, True)))
+        for name, g_, r in zip(("output", "grad_input", "grad_weight", "grad_bias"), got, ref):
+            assert torch.isfinite(g_).all(), name
+            err = ((g_.double().cpu() - r).norm() / r.norm().clamp_min(1e-30)).item()
+            assert err < TC_TOL[dtype], f"case {case} {dtype} {name}: relative error {err:.3g}"
+        assert all(torch.equal(a, k) for a, k in zip((x, w, go), keep))
+        assert staged, "no operand was staged"
+        assert any(f & cuda.FLAG_VA and f & cuda.FLAG_VB for f in flags), flags
     finally:
         conv.fp32_precision = old
         clear_cache()

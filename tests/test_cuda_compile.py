@@ -359,3 +359,12 @@ def test_vector_ok():
     assert cuda.vector_ok(one, 2) == (one.data_ptr() % 16 == 0)  # extent-1 axes never step
     f = torch.empty(2, 4, 3, 3, dtype=torch.float32).contiguous(memory_format=torch.channels_last)
     assert cuda.vector_ok(f, 4)
+
+
+def test_stage_pays():
+    """Note [channels-last staging]: the measured rule, per staged element and in all."""
+    assert cuda.stage_pays(1 << 30, [1 << 20], "fwd") and cuda.stage_pays(1 << 28, [1 << 20], "bwd_data")
+    assert not cuda.stage_pays(64 * 25_690_112, [25_690_112], "bwd_data")  # resnet50-1x1-expand: 64 / element
+    assert not cuda.stage_pays(925_000_000, [802_816, 73_728], "fwd")  # deepbench-b1-3x3's forward
+    assert cuda.stage_pays(925_000_000, [802_816, 73_728], "bwd_data")  # ... its backward-data
+    assert not cuda.stage_pays(1 << 30, [], "fwd")  # nothing to stage

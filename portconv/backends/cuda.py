@@ -292,13 +292,29 @@ def strides5(x) -> tuple[int, ...]:
     return st[:2] + (0,) * (5 - len(st)) + st[2:]
 
 
-def vector_ok(t, item: int) -> bool:
-    """Note [vector gathers]: t's channel axis (1) is contiguous, every other axis that is not of extent 1 steps by a
-    multiple of 16 bytes, and its address is 16-byte aligned, so 16 channels from a multiple of 16 are aligned
-    16-byte vectors."""
+def vector_ok(t, item: int, axis: int = 1) -> bool:
+    """Note [vector gathers]: t's reduction-channel axis (1; 0 for the K of a weight in backward-data) is contiguous,
+    every other axis that is not of extent 1 steps by a multiple of 16 bytes, and its address is 16-byte aligned, so
+    16 channels from a multiple of 16 are aligned 16-byte vectors."""
     st, shape = elem_strides(t), tuple(t.shape)
-    return (st[1] == 1 and _cupy.Tensors.ptr(t) % 16 == 0
-            and all((s * item) % 16 == 0 for i, (s, n) in enumerate(zip(st, shape)) if i != 1 and n > 1))
+    return (st[axis] == 1 and _cupy.Tensors.ptr(t) % 16 == 0
+            and all((s * item) % 16 == 0 for i, (s, n) in enumerate(zip(st, shape)) if i != axis and n > 1))
+
+
+# Note [channels-last staging]: staging pays on the H100's dense rows when the GEMM does at least STAGE_MACS_PER_ELEM
+# multiply-adds per staged element (the copy reads and writes each once; the vector modes save a share of a kernel
+# whose time grows with the multiply-adds) and at least STAGE_MIN_MACS in all (the forward more: it gains less than
+# backward-data, whose element-wise B gathers the staged W replaces). Measured (docs/performance/notes-tensor-cores.md,
+# v5): resnet50-1x1-expand's backward-data, 64 per element, lost 1.2x with staging; deepbench-b1-3x3's forward (0.9G
+# multiply-adds, a 37 us kernel) lost 1.4x-1.8x, its backward-data gained 1.3x-1.5x; every other row gained.
+STAGE_MACS_PER_ELEM = 128
+STAGE_MIN_MACS = {"fwd": 1 << 30, "bwd_data": 1 << 27}
+
+
+def stage_pays(macs: int, elems: list[int], direction: str) -> bool:
+    """Note [channels-last staging]: whether copying operands of ``elems`` elements to the vector modes' order is
+    expected to save time on a ``direction`` GEMM of ``macs`` multiply-adds."""
+    return bool(elems) and macs >= STAGE_MIN_MACS[direction] and macs >= STAGE_MACS_PER_ELEM * sum(elems)
 
 
 def _splits(blocks: int, total: int, min_chunk: int, units: int, count: int, align: int = 1) -> tuple[int, int]:
@@ -481,6 +497,7 @@ class _Run:
                             *((tuple(t.shape), elem_strides(t)) for t in extra))
         self.defines = {"PC_DTYPE": DTYPE_CODE[pr.dtype], "PC_INDEX64": int(big)}
         self.acc64 = pr.dtype == "float64"
+        self._item = 8 if pr.dtype == "float64" else 4 if pr.dtype == "float32" else 2
         self.flags = FLAG_CL if plan.memory_format != "contiguous" else 0
         self.dw = depthwise_kernels(self.view, bool(self.flags)) if self.alg == "depthwise" else {}
         self.rec: _replay.Recording | None = None  # Note [replayed launches]
@@ -490,12 +507,13 @@ class _Run:
         return self.backend.kernels().function(ENTRY[self.alg], defines, self.io.device, name)
 
     def _args(self, x=None, w=None, y=None, b=None, ws=None, xs=None, wst=None, ys=None, bs=0, splits=1, chunk=1,
-              C=None, K=None, R=None, Y=None, flags=0):
+              C=None, K=None, R=None, Y=None, flags=0, N=None):
         import numpy as np
 
         v = self.view
         ptr = _cupy.Tensors.ptr
-        vals = [ptr(x), ptr(w), ptr(y), ptr(b), ptr(ws), v.N, v.C if C is None else C, v.K if K is None else K, v.G,
+        vals = [ptr(x), ptr(w), ptr(y), ptr(b), ptr(ws), v.N if N is None else N, v.C if C is None else C,
+                v.K if K is None else K, v.G,
                 *v.X, *(v.Y if Y is None else Y), *(v.R if R is None else R), *v.S, *v.P, *v.DL,
                 *(xs or (0,) * 5), *(wst or (0,) * 5), *(ys or (0,) * 5), bs, splits, chunk, self.flags | flags]
         assert len(vals) == ARG_COUNT
@@ -519,7 +537,7 @@ class _Run:
             extra["PC_TC_LDSM"] = 0
         return bm, bn, extra
 
-    def _vector_flags(self, a=None, b=None) -> int:
+    def _vector_flags(self, a=None, b=None, b_axis: int = 1) -> int:
         """Note [vector gathers]: FLAG_VA / FLAG_VB for an igemm-tc launch whose A / B tensors are a / b."""
         import os
 
@@ -527,7 +545,34 @@ class _Run:
             return 0
         item = 4 if self.plan.problem.dtype == "float32" else 2
         return (FLAG_VA if a is not None and vector_ok(a, item) else 0) | (
-            FLAG_VB if b is not None and vector_ok(b, item) else 0)
+            FLAG_VB if b is not None and vector_ok(b, item, b_axis) else 0)
+
+    def _stages(self, reduce_ch: int, bm: int) -> bool:
+        """Note [channels-last staging]: whether this igemm-tc launch may copy dense NCHW operands to the channel
+        order of the vector modes: one group, reduction channels in 16s, a tile that takes vectors (128 rows for
+        the 16-bit types)."""
+        import os
+
+        return (self.alg == "igemm-tc" and os.environ.get(TC_V4_ENV) != "1" and self.view.G == 1
+                and reduce_ch % 16 == 0 and (bm == 128 or self.plan.problem.dtype == "float32"))
+
+    def _to_stage(self, direction: str, macs: int, *ts) -> list[bool]:
+        """Which of the operands ``ts`` (A, then B; None: never) to stage: the dense NCHW ones that are not
+        channel-contiguous already, all of them or none as stage_pays decides."""
+        need = [t is not None and self._dense_nchw(t) and not vector_ok(t, self._item) for t in ts]
+        elems = [_prod(tuple(t.shape)) for t, n in zip(ts, need) if n]
+        return need if stage_pays(macs, elems, direction) else [False] * len(ts)
+
+    def _transposed(self, t, batch: int, rows: int, cols: int, shape, strides, extra):
+        """Note [channels-last staging]: a new array of ``shape`` / ``strides`` holding dense t [batch][rows][cols]
+        as [batch][cols][rows] (one portconv_stage_transpose launch)."""
+        out = self.io.empty(shape, strides, self.plan.problem.dtype)
+        a = self._args(x=t, y=out, N=batch, C=rows, K=cols)
+        self._launch("portconv_stage_transpose", (-(-cols // 32), -(-rows // 32), batch), a, extra)
+        return out
+
+    def _dense_nchw(self, t) -> bool:
+        return elem_strides(t) == dense_strides(tuple(t.shape), "contiguous")
 
     def _elementwise_grid(self, total: int) -> tuple[int, int, int]:
         return (max(1, min(-(-total // THREADS), self.units * 32)), 1, 1)
@@ -538,32 +583,54 @@ class _Run:
 
     def fwd(self, x, w, y, bias) -> None:
         v = self.view
-        a = self._args(x=x, w=w, y=y, b=bias, xs=strides5(x), wst=strides5(w), ys=strides5(y),
-                       bs=self._bias_stride(bias), flags=self._vector_flags(x, w))
         name, extra = f"{PREFIX[self.alg]}_fwd", None
         if self.alg in IGEMM_ALGS:
             bm, bn, extra = self._igemm_tile(v.y_positions, v.K // v.G)
             grid = (-(-v.y_positions // bm), -(-(v.K // v.G) // bn), v.G)
+            if self._stages(v.C // v.G, bm):  # Note [channels-last staging]
+                sx, sw = self._to_stage("fwd", v.y_positions * v.K * v.C * v.taps, x, w)
+                if sx:
+                    x = self._transposed(x, v.N, v.C, _prod(tuple(x.shape[2:])), tuple(x.shape),
+                                         dense_strides(tuple(x.shape), "channels_last"), extra)
+                if sw:
+                    w = self._transposed(w, v.K, v.C, v.taps, tuple(w.shape),
+                                         dense_strides(tuple(w.shape), "channels_last"), extra)
         elif self.dw.get("fwd", "plain") != "plain":
             name += "_" + self.dw["fwd"]
             grid = self._elementwise_grid(depthwise_work(v, "fwd", self.dw["fwd"], bool(self.flags),
                                                          self.plan.problem.dtype))
         else:
             grid = self._elementwise_grid(v.y_positions * v.K)
+        a = self._args(x=x, w=w, y=y, b=bias, xs=strides5(x), wst=strides5(w), ys=strides5(y),
+                       bs=self._bias_stride(bias), flags=self._vector_flags(x, w))
         self._launch(name, grid, a, extra)
 
     def bwd_data(self, dx, w, dy, bias) -> None:
         v = self.view
         phases = self.alg == "igemm-tc" and all(s == 1 or d == 1 for s, d in zip(v.S, v.DL))
-        a = self._args(x=dx, w=w, y=dy, b=bias, xs=strides5(dx), wst=strides5(w), ys=strides5(dy),
-                       bs=self._bias_stride(bias), flags=self._vector_flags(dy) if phases else 0)
         positions = v.N * v.X[0] * v.X[1] * v.X[2]
-        name, extra = f"{PREFIX[self.alg]}_bwd_data", None
+        name, extra, flags = f"{PREFIX[self.alg]}_bwd_data", None, 0
         if phases:  # Note [bwd-data phases]
             name += "_phase"
             phase0 = v.N * -(-v.X[0] // v.S[0]) * -(-v.X[1] // v.S[1]) * -(-v.X[2] // v.S[2])
             bm, bn, extra = self._igemm_tile(phase0, v.C // v.G)
             grid = (-(-phase0 // bm), -(-(v.C // v.G) // bn), v.G * v.S[0] * v.S[1] * v.S[2])
+            if self._stages(v.K // v.G, bm):  # Note [channels-last staging]
+                # W's K is contiguous in no dense layout: a dense W (K outermost, KCRS or KRSC) is staged whenever
+                # dY is, or when dY is channels-last already
+                macs = positions * v.C * v.K * v.taps
+                (sy,) = self._to_stage("bwd_data", macs, dy)
+                wst = elem_strides(w)
+                w_dense = wst in (dense_strides(tuple(w.shape)), dense_strides(tuple(w.shape), "channels_last"))
+                sw = w_dense and (sy or vector_ok(dy, self._item)) and stage_pays(
+                    macs, [_prod(tuple(w.shape))] + ([_prod(tuple(dy.shape))] if sy else []), "bwd_data")
+                if sy:
+                    dy = self._transposed(dy, v.N, v.K, _prod(tuple(dy.shape[2:])), tuple(dy.shape),
+                                          dense_strides(tuple(dy.shape), "channels_last"), extra)
+                if sw:  # W [K][rest] -> [rest][K], rest in W's own order: K contiguous
+                    w = self._transposed(w, 1, v.K, v.C * v.taps, tuple(w.shape),
+                                         (1,) + tuple(v.K * s for s in wst[1:]), extra)
+            flags = self._vector_flags(dy, w, b_axis=0)
         elif self.alg in IGEMM_ALGS:
             bm, bn, extra = self._igemm_tile(positions, v.C // v.G)
             grid = (-(-positions // bm), -(-(v.C // v.G) // bn), v.G)
@@ -573,6 +640,8 @@ class _Run:
                                                          self.plan.problem.dtype))
         else:
             grid = self._elementwise_grid(positions * v.C)
+        a = self._args(x=dx, w=w, y=dy, b=bias, xs=strides5(dx), wst=strides5(w), ys=strides5(dy),
+                       bs=self._bias_stride(bias), flags=flags)
         self._launch(name, grid, a, extra)
 
     def bwd_weight(self, x, dy, dw) -> None:
@@ -624,6 +693,13 @@ class _Run:
         if splits > 1:
             fin = self._args(w=db, ws=ws, wst=(_stride0(db), 0, 0, 0, 0), splits=splits, C=1, K=k, R=(1, 1, 1))
             self._launch("portconv_split_finalize", self._elementwise_grid(k), fin)
+
+
+def _prod(xs) -> int:
+    out = 1
+    for v in xs:
+        out *= int(v)
+    return out
 
 
 def _stride0(t) -> int:
