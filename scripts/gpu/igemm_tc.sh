@@ -29,7 +29,7 @@ if has sweep; then  # SWEEPS: dtype:tiles items (tiles: auto and/or cuda.TC_TILE
     echo "== sweep $dt ($(( $(date +%s) - T0 )) s)"; cut -c1-420 "$OUT/sweep-$dt.txt"
   done
 fi
-ROWS='resnet50-*,deepbench-*,resnext50-g32,deeplabv3-aspp-d12,wav2vec2-*,r3d18-l1-3d,vae-dec-transposed-bf16,dcgan-gen-transposed'
+ROWS='resnet50-*,deepbench-*,mbv2-pw-project,resnext50-g32,deeplabv3-aspp-d12,wav2vec2-*,r3d18-l1-3d,vae-dec-transposed-bf16,dcgan-gen-transposed'
 if has bench; then
   timeout ${BENCH_S:-200} python3 -m portconv.bench --rows "$ROWS" --backend cuda,cudnn --cell-seconds 1 --runs 20 \
     --warmup 3 --no-torch-variants --no-peaks --out "$OUT/bench" > "$OUT/bench.txt" 2>&1
