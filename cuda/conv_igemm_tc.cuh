@@ -349,6 +349,23 @@ PC_DEVICE void pc_tc_stage_step(unsigned (*A)[PC_TC_LDW], unsigned (*B)[PC_TC_LD
     for (int j = 0; j < PC_TC_BJ; ++j) pc_tc_stage(B[lq + PC_LQ * j], rr, rb[j]);
 }
 
+/* A thread's place in the block's tile: load lanes (rr, lq), warp and mma lane (g, t), its warp's tile (wm, wn). */
+struct pc_tc_thread {
+    int tid, rr, lq, warp, lane, g, t, wm, wn;
+    pc_idx m0, n0;
+    PC_DEVICE pc_tc_thread()
+        : tid((int)threadIdx.x), rr(tid % PC_BK), lq(tid / PC_BK), warp(tid / 32), lane(tid % 32), g(lane >> 2),
+          t(lane & 3), wm((warp % PC_TC_WM) * PC_TC_WTM), wn((warp / PC_TC_WM) * PC_TC_WTN),
+          m0((pc_idx)blockIdx.x * PC_TC_BM), n0((pc_idx)blockIdx.y * PC_TC_BN) {}
+};
+
+PC_DEVICE void pc_tc_zero(float (&acc)[PC_TC_MT][PC_TC_NT][4]) {
+#pragma unroll
+    for (int i = 0; i < PC_TC_MT; ++i)
+#pragma unroll
+        for (int j = 0; j < PC_TC_NT; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+}
+
 /* The accumulators of a warp's tile through the op's stores, each row and column decoded once (Note [split stores],
  * conv_igemm.cuh): the thread holds rows 16i + g (+ 8) and columns 8j + 2t (+ 1). */
 template <class Op>
@@ -383,10 +400,10 @@ PC_DEVICE void pc_igemm_tc_async(const Op &op, pc_idx M, pc_idx NC, pc_idx rbeg,
     auto &As = pc_tc_shared().A;
     auto &Bs = pc_tc_shared().B;
     constexpr int S = PC_TC_NBUF;
-    const int tid = (int)threadIdx.x, rr = tid % PC_BK, lq = tid / PC_BK;
-    const int warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
-    const int wm = (warp % PC_TC_WM) * PC_TC_WTM, wn = (warp / PC_TC_WM) * PC_TC_WTN;
-    const pc_idx m0 = (pc_idx)blockIdx.x * PC_TC_BM, n0 = (pc_idx)blockIdx.y * PC_TC_BN;
+    const pc_tc_thread th;
+    const int tid = th.tid, rr = th.rr, lq = th.lq, g = th.g, t = th.t;
+    const int wm = th.wm, wn = th.wn;
+    const pc_idx m0 = th.m0, n0 = th.n0;
     const int lv = tid / PC_TC_VP;
     constexpr int BC = VB ? PC_TC_VBN : PC_TC_BJ;
     typename Op::Row rows[PC_TC_VA];
@@ -396,10 +413,7 @@ PC_DEVICE void pc_igemm_tc_async(const Op &op, pc_idx M, pc_idx NC, pc_idx rbeg,
 #pragma unroll
     for (int j = 0; j < BC; ++j) cols[j] = op.col(VB ? n0 + lv + (PC_NT / PC_TC_VP) * j : n0 + lq + PC_LQ * j, NC);
     float acc[PC_TC_MT][PC_TC_NT][4];
-#pragma unroll
-    for (int i = 0; i < PC_TC_MT; ++i)
-#pragma unroll
-        for (int j = 0; j < PC_TC_NT; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+    pc_tc_zero(acc);
     pc_vec_cursor<Op, true> cur(op, rows, rbeg + rr, rend, rr, 0); /* the A (and B) vectors, S - 1 steps ahead */
     pc_cursor<Op, true, 0> bcur(op, rows, rbeg + rr, rend);        /* element-wise B, one step ahead */
     pc_tc_e rb[VB ? 1 : PC_TC_BJ];
@@ -450,10 +464,10 @@ PC_DEVICE void pc_igemm_tc_run(const Op &op, pc_idx M, pc_idx NC, pc_idx rbeg, p
 #endif
     auto &As = pc_tc_shared().A;
     auto &Bs = pc_tc_shared().B;
-    const int tid = (int)threadIdx.x, rr = tid % PC_BK, lq = tid / PC_BK;
-    const int warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
-    const int wm = (warp % PC_TC_WM) * PC_TC_WTM, wn = (warp / PC_TC_WM) * PC_TC_WTN;
-    const pc_idx m0 = (pc_idx)blockIdx.x * PC_TC_BM, n0 = (pc_idx)blockIdx.y * PC_TC_BN;
+    const pc_tc_thread th;
+    const int tid = th.tid, rr = th.rr, lq = th.lq, warp = th.warp, lane = th.lane, g = th.g, t = th.t;
+    const int wm = th.wm, wn = th.wn;
+    const pc_idx m0 = th.m0, n0 = th.n0;
     constexpr bool mlane = Mode == 2, vec = Mode >= 3, vb = Mode == 4;
     constexpr int AR = vec ? PC_TC_VA : mlane ? PC_TC_AI : PC_TC_AJ; /* A rows per thread */
     constexpr int BC = vb ? PC_TC_VBN : PC_TC_BJ;                      /* B columns per thread */
@@ -468,10 +482,7 @@ PC_DEVICE void pc_igemm_tc_run(const Op &op, pc_idx M, pc_idx NC, pc_idx rbeg, p
     pc_tc_e ra[vec ? 1 : PC_TC_AJ], rb[vb ? 1 : PC_TC_BJ];
     uint4 va[vec ? PC_TC_VA : 1], vv[vb ? PC_TC_VBN : 1];
     float acc[PC_TC_MT][PC_TC_NT][4];
-#pragma unroll
-    for (int i = 0; i < PC_TC_MT; ++i)
-#pragma unroll
-        for (int j = 0; j < PC_TC_NT; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+    pc_tc_zero(acc);
     typedef typename pc_if<mlane, pc_mlane_cursor<Op>, pc_cursor<Op, Mode == 1, AR>>::type scalar_cursor;
     typename pc_if<vec, pc_vec_cursor<Op, vb>, scalar_cursor>::type cur(op, rows, rbeg + rr, rend, rr, warp);
     /* (no lambdas for the fetch / stage pairs below: NVRTC 13.0 rejects them here) */

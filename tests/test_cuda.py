@@ -341,34 +341,38 @@ def test_tensor_core_igemm(gpu, case, dtype):
         assert portconv.plan(x, w, b, **kw, backend="cuda").algorithm == "implicit_gemm"
 
 
+@pytest.fixture
+def tf32_conv():
+    """torch's cuDNN conv float32 policy set to TF32 for one test (igemm-tc takes float32 only then), restored after."""
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    if conv is None or not hasattr(conv, "fp32_precision"):
+        pytest.skip("this torch has no torch.backends.cudnn.conv.fp32_precision")
+    old = conv.fp32_precision
+    conv.fp32_precision = "tf32"
+    yield
+    conv.fp32_precision = old
+    clear_cache()
+
+
 @pytest.mark.parametrize("tile", sorted(cuda.TC_TILES))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_tensor_core_every_tile(gpu, tile, dtype, monkeypatch):
+def test_tensor_core_every_tile(gpu, tile, dtype, monkeypatch, tf32_conv):
     """Every tile of cuda.TC_TILES (forced through PORTCONV_CUDA_IGEMM_TC_TILE) on an edge-heavy problem per kind:
     channels-last with stride and dilation (generic gathers) and a transposed one (Note [bwd-data phases])."""
     monkeypatch.setenv(cuda.TC_TILE_ENV, tile)
-    conv = getattr(torch.backends.cudnn, "conv", None)
-    old = conv.fp32_precision if conv is not None and hasattr(conv, "fp32_precision") else None
-    if old is None:
-        pytest.skip("this torch has no torch.backends.cudnn.conv.fp32_precision")
-    conv.fp32_precision = "tf32"
-    try:
-        for case in (1, 4, 6):
-            xs, ws, kw, layout = TC_CASES[case]
-            x, w, b, p = _make(xs, ws, kw, layout, dtype, gpu)
-            clear_cache()
-            plan = portconv.plan(x, w, b, **kw, backend="cuda")
-            assert plan.algorithm == "igemm-tc", plan.reason
-            go = torch.randn(tuple(plan.problem.output_shape), device=gpu).to(dtype)
-            ref = reference(x, w, b, p, go)
-            be = cuda.CudaBackend()
-            got = (be.forward(plan, x, w, b), *be.backward(plan, go, x, w, (True, True, True)))
-            for name, g_, r in zip(("output", "grad_input", "grad_weight", "grad_bias"), got, ref):
-                err = ((g_.double().cpu() - r).norm() / r.norm().clamp_min(1e-30)).item()
-                assert err < TC_TOL[dtype], f"{tile} case {case} {dtype} {name}: relative error {err:.3g}"
-    finally:
-        conv.fp32_precision = old
+    for case in (1, 4, 6):
+        xs, ws, kw, layout = TC_CASES[case]
+        x, w, b, p = _make(xs, ws, kw, layout, dtype, gpu)
         clear_cache()
+        plan = portconv.plan(x, w, b, **kw, backend="cuda")
+        assert plan.algorithm == "igemm-tc", plan.reason
+        go = torch.randn(tuple(plan.problem.output_shape), device=gpu).to(dtype)
+        ref = reference(x, w, b, p, go)
+        be = cuda.CudaBackend()
+        got = (be.forward(plan, x, w, b), *be.backward(plan, go, x, w, (True, True, True)))
+        for name, g_, r in zip(("output", "grad_input", "grad_weight", "grad_bias"), got, ref):
+            err = ((g_.double().cpu() - r).norm() / r.norm().clamp_min(1e-30)).item()
+            assert err < TC_TOL[dtype], f"{tile} case {case} {dtype} {name}: relative error {err:.3g}"
 
 
 VEC_CASES = [  # Note [vector gathers]: channel counts of A's reduction multiples of 16; edges of every tile
@@ -383,13 +387,10 @@ VEC_CASES = [  # Note [vector gathers]: channel counts of A's reduction multiple
 @pytest.mark.parametrize("w_layout", ["chlast", "contig"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("case", range(len(VEC_CASES)))
-def test_tensor_core_vector_gathers(gpu, case, dtype, w_layout, monkeypatch):
+def test_tensor_core_vector_gathers(gpu, case, dtype, w_layout, monkeypatch, tf32_conv):
     """Note [vector gathers]: channels-last problems whose reduction channels come in 16s read A (and, forward with a
     channels-last weight, B) 16 bytes at a time: the launches carry FLAG_VA (FLAG_VB), every direction matches
     float64; the same problem from a misaligned address runs the element gathers (no flag) and matches too."""
-    conv = getattr(torch.backends.cudnn, "conv", None)
-    if conv is None or not hasattr(conv, "fp32_precision"):
-        pytest.skip("this torch has no torch.backends.cudnn.conv.fp32_precision")
     flags = []
     real = cuda._Run._vector_flags
 
@@ -402,49 +403,40 @@ def test_tensor_core_vector_gathers(gpu, case, dtype, w_layout, monkeypatch):
     x, w, b, p = _make(xs, ws, kw, "chlast", dtype, gpu)
     if w_layout == "chlast":
         w = w.contiguous(memory_format=torch.channels_last if w.dim() == 4 else torch.channels_last_3d)
-    old = conv.fp32_precision
-    conv.fp32_precision = "tf32"
-    try:
-        for misaligned in (False, True):
-            if misaligned:  # the same values one element past a 16-byte boundary
-                buf = torch.empty(x.numel() + 1, device=gpu, dtype=dtype)
-                x = buf[1:].as_strided(x.shape, x.stride()).copy_(x)
-            flags.clear()
-            clear_cache()
-            plan = portconv.plan(x, w, b, **kw, backend="cuda")
-            assert plan.algorithm == "igemm-tc", plan.reason
-            go = torch.randn(tuple(plan.problem.output_shape), device=gpu).to(dtype)
-            go = go.contiguous(memory_format=x.dim() == 4 and torch.channels_last or torch.channels_last_3d)
-            ref = reference(x, w, b, p, go)
-            be = cuda.CudaBackend()
-            got = (be.forward(plan, x, w, b), *be.backward(plan, go, x, w, (True, True, True)))
-            for name, g_, r in zip(("output", "grad_input", "grad_weight", "grad_bias"), got, ref):
-                assert torch.isfinite(g_).all(), name
-                err = ((g_.double().cpu() - r).norm() / r.norm().clamp_min(1e-30)).item()
-                assert err < TC_TOL[dtype], f"case {case} {dtype} {w_layout} {name} misaligned={misaligned}: {err:.3g}"
-            used = 0
-            for f in flags:
-                used |= f
-            if not misaligned:
-                assert used & cuda.FLAG_VA, flags
-            elif not p.transposed:  # the forward's A is the misaligned x
-                assert not flags[0] & cuda.FLAG_VA, flags
-            if not p.transposed:  # B of the forward is W: vectors when its channels are contiguous (a 1x1 W is)
-                assert bool(flags[0] & cuda.FLAG_VB) == cuda.vector_ok(w, w.element_size()), flags
-    finally:
-        conv.fp32_precision = old
+    for misaligned in (False, True):
+        if misaligned:  # the same values one element past a 16-byte boundary
+            buf = torch.empty(x.numel() + 1, device=gpu, dtype=dtype)
+            x = buf[1:].as_strided(x.shape, x.stride()).copy_(x)
+        flags.clear()
         clear_cache()
+        plan = portconv.plan(x, w, b, **kw, backend="cuda")
+        assert plan.algorithm == "igemm-tc", plan.reason
+        go = torch.randn(tuple(plan.problem.output_shape), device=gpu).to(dtype)
+        go = go.contiguous(memory_format=x.dim() == 4 and torch.channels_last or torch.channels_last_3d)
+        ref = reference(x, w, b, p, go)
+        be = cuda.CudaBackend()
+        got = (be.forward(plan, x, w, b), *be.backward(plan, go, x, w, (True, True, True)))
+        for name, g_, r in zip(("output", "grad_input", "grad_weight", "grad_bias"), got, ref):
+            assert torch.isfinite(g_).all(), name
+            err = ((g_.double().cpu() - r).norm() / r.norm().clamp_min(1e-30)).item()
+            assert err < TC_TOL[dtype], f"case {case} {dtype} {w_layout} {name} misaligned={misaligned}: {err:.3g}"
+        used = 0
+        for f in flags:
+            used |= f
+        if not misaligned:
+            assert used & cuda.FLAG_VA, flags
+        elif not p.transposed:  # the forward's A is the misaligned x
+            assert not flags[0] & cuda.FLAG_VA, flags
+        if not p.transposed:  # B of the forward is W: vectors when its channels are contiguous (a 1x1 W is)
+            assert bool(flags[0] & cuda.FLAG_VB) == cuda.vector_ok(w, w.element_size()), flags
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("case", range(len(VEC_CASES)))
-def test_tensor_core_channels_last_staging(gpu, case, dtype, monkeypatch):
+def test_tensor_core_channels_last_staging(gpu, case, dtype, monkeypatch, tf32_conv):
     """Note [channels-last staging]: dense NCHW operands of a vector-eligible launch (at every size here: stage_pays
     overruled) are first transposed into channel-contiguous workspaces; the launches then carry FLAG_VA and
     FLAG_VB, every direction matches float64, and the caller's tensors are unchanged."""
-    conv = getattr(torch.backends.cudnn, "conv", None)
-    if conv is None or not hasattr(conv, "fp32_precision"):
-        pytest.skip("this torch has no torch.backends.cudnn.conv.fp32_precision")
     monkeypatch.setattr(cuda, "stage_pays", lambda macs, elems, direction: bool(elems))
     flags, staged = [], []
     real_flags, real_t = cuda._Run._vector_flags, cuda._Run._transposed
@@ -461,24 +453,18 @@ def test_tensor_core_channels_last_staging(gpu, case, dtype, monkeypatch):
     monkeypatch.setattr(cuda._Run, "_transposed", spy_t)
     xs, ws, kw = VEC_CASES[case]
     x, w, b, p = _make(xs, ws, kw, "contig", dtype, gpu)
-    old = conv.fp32_precision
-    conv.fp32_precision = "tf32"
-    try:
-        clear_cache()
-        plan = portconv.plan(x, w, b, **kw, backend="cuda")
-        assert plan.algorithm == "igemm-tc", plan.reason
-        go = torch.randn(tuple(plan.problem.output_shape), device=gpu).to(dtype)
-        ref = reference(x, w, b, p, go)
-        keep = [t.clone() for t in (x, w, go)]
-        be = cuda.CudaBackend()
-        got = (be.forward(plan, x, w, b), *be.backward(plan, go, x, w, (True, True, True)))
-        for name, g_, r in zip(("output", "grad_input", "grad_weight", "grad_bias"), got, ref):
-            assert torch.isfinite(g_).all(), name
-            err = ((g_.double().cpu() - r).norm() / r.norm().clamp_min(1e-30)).item()
-            assert err < TC_TOL[dtype], f"case {case} {dtype} {name}: relative error {err:.3g}"
-        assert all(torch.equal(a, k) for a, k in zip((x, w, go), keep))
-        assert staged, "no operand was staged"
-        assert any(f & cuda.FLAG_VA and f & cuda.FLAG_VB for f in flags), flags
-    finally:
-        conv.fp32_precision = old
-        clear_cache()
+    clear_cache()
+    plan = portconv.plan(x, w, b, **kw, backend="cuda")
+    assert plan.algorithm == "igemm-tc", plan.reason
+    go = torch.randn(tuple(plan.problem.output_shape), device=gpu).to(dtype)
+    ref = reference(x, w, b, p, go)
+    keep = [t.clone() for t in (x, w, go)]
+    be = cuda.CudaBackend()
+    got = (be.forward(plan, x, w, b), *be.backward(plan, go, x, w, (True, True, True)))
+    for name, g_, r in zip(("output", "grad_input", "grad_weight", "grad_bias"), got, ref):
+        assert torch.isfinite(g_).all(), name
+        err = ((g_.double().cpu() - r).norm() / r.norm().clamp_min(1e-30)).item()
+        assert err < TC_TOL[dtype], f"case {case} {dtype} {name}: relative error {err:.3g}"
+    assert all(torch.equal(a, k) for a, k in zip((x, w, go), keep))
+    assert staged, "no operand was staged"
+    assert any(f & cuda.FLAG_VA and f & cuda.FLAG_VB for f in flags), flags

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 
 from ..device import Availability, DeviceInfo
 from ..errors import Unsupported, VendorImportError
@@ -106,8 +108,6 @@ def tensor_core_mma(dtype: str, device: DeviceInfo, kernel_set: str, tf32: bool)
 
 def tc_tile(m: int, n: int, units: int) -> tuple[int, int, int]:
     """(BM, BN, warps along M) of the tensor-core tile for an M x N GEMM (per group)."""
-    import os
-
     forced = os.environ.get(TC_TILE_ENV, "")
     if forced in TC_TILES:
         return TC_TILES[forced]
@@ -172,8 +172,6 @@ def depthwise_kernels(view: ConvView, cl: bool = False) -> dict[str, str]:
     'v1' selects the per-element kernels everywhere, 'v2' (or 'rows') the 'rows' set of
     cuda/conv_depthwise_rows.cuh as it was before the tile kernels, 'v3' (default) adds the tile kernels of
     cuda/conv_depthwise_tile.cuh (Note [depthwise tile]) and the stride-2 backward-data window."""
-    import os
-
     ver = os.environ.get(DW_ENV, "v3")
     if ver == "v1":
         return {"fwd": "plain", "bwd_data": "plain", "bwd_weight": "plain"}
@@ -498,6 +496,7 @@ class _Run:
         self.defines = {"PC_DTYPE": DTYPE_CODE[pr.dtype], "PC_INDEX64": int(big)}
         self.acc64 = pr.dtype == "float64"
         self._item = 8 if pr.dtype == "float64" else 4 if pr.dtype == "float32" else 2
+        self.v4 = os.environ.get(TC_V4_ENV) == "1"  # read when the launches are recorded (Note [replayed launches])
         self.flags = FLAG_CL if plan.memory_format != "contiguous" else 0
         self.dw = depthwise_kernels(self.view, bool(self.flags)) if self.alg == "depthwise" else {}
         self.rec: _replay.Recording | None = None  # Note [replayed launches]
@@ -529,19 +528,15 @@ class _Run:
         """(BM, BN, extra defines) of the implicit GEMM tile for an M x N GEMM: the FMA tile, or a tensor-core one."""
         if self.alg != "igemm-tc":
             return IGEMM_TILE[0], IGEMM_TILE[1], None
-        import os
-
         bm, bn, wm = tc_tile(m, n, self.units)
         extra = {"PC_TENSOR_CORES": 1, "PC_TC_BM": bm, "PC_TC_BN": bn, "PC_TC_WM": wm}
-        if os.environ.get(TC_V4_ENV) == "1":
+        if self.v4:
             extra["PC_TC_LDSM"] = 0
         return bm, bn, extra
 
     def _vector_flags(self, a=None, b=None, b_axis: int = 1) -> int:
         """Note [vector gathers]: FLAG_VA / FLAG_VB for an igemm-tc launch whose A / B tensors are a / b."""
-        import os
-
-        if self.alg != "igemm-tc" or os.environ.get(TC_V4_ENV) == "1":
+        if self.alg != "igemm-tc" or self.v4:
             return 0
         item = 4 if self.plan.problem.dtype == "float32" else 2
         return (FLAG_VA if a is not None and vector_ok(a, item) else 0) | (
@@ -551,16 +546,14 @@ class _Run:
         """Note [channels-last staging]: whether this igemm-tc launch may copy dense NCHW operands to the channel
         order of the vector modes: one group, reduction channels in 16s, a tile that takes vectors (128 rows for
         the 16-bit types)."""
-        import os
-
-        return (self.alg == "igemm-tc" and os.environ.get(TC_V4_ENV) != "1" and self.view.G == 1
+        return (self.alg == "igemm-tc" and not self.v4 and self.view.G == 1
                 and reduce_ch % 16 == 0 and (bm == 128 or self.plan.problem.dtype == "float32"))
 
     def _to_stage(self, direction: str, macs: int, *ts) -> list[bool]:
         """Which of the operands ``ts`` (A, then B; None: never) to stage: the dense NCHW ones that are not
         channel-contiguous already, all of them or none as stage_pays decides."""
         need = [t is not None and self._dense_nchw(t) and not vector_ok(t, self._item) for t in ts]
-        elems = [_prod(tuple(t.shape)) for t, n in zip(ts, need) if n]
+        elems = [math.prod(tuple(t.shape)) for t, n in zip(ts, need) if n]
         return need if stage_pays(macs, elems, direction) else [False] * len(ts)
 
     def _transposed(self, t, batch: int, rows: int, cols: int, shape, strides, extra):
@@ -590,7 +583,7 @@ class _Run:
             if self._stages(v.C // v.G, bm):  # Note [channels-last staging]
                 sx, sw = self._to_stage("fwd", v.y_positions * v.K * v.C * v.taps, x, w)
                 if sx:
-                    x = self._transposed(x, v.N, v.C, _prod(tuple(x.shape[2:])), tuple(x.shape),
+                    x = self._transposed(x, v.N, v.C, math.prod(tuple(x.shape[2:])), tuple(x.shape),
                                          dense_strides(tuple(x.shape), "channels_last"), extra)
                 if sw:
                     w = self._transposed(w, v.K, v.C, v.taps, tuple(w.shape),
@@ -623,9 +616,9 @@ class _Run:
                 wst = elem_strides(w)
                 w_dense = wst in (dense_strides(tuple(w.shape)), dense_strides(tuple(w.shape), "channels_last"))
                 sw = w_dense and (sy or vector_ok(dy, self._item)) and stage_pays(
-                    macs, [_prod(tuple(w.shape))] + ([_prod(tuple(dy.shape))] if sy else []), "bwd_data")
+                    macs, [math.prod(tuple(w.shape))] + ([math.prod(tuple(dy.shape))] if sy else []), "bwd_data")
                 if sy:
-                    dy = self._transposed(dy, v.N, v.K, _prod(tuple(dy.shape[2:])), tuple(dy.shape),
+                    dy = self._transposed(dy, v.N, v.K, math.prod(tuple(dy.shape[2:])), tuple(dy.shape),
                                           dense_strides(tuple(dy.shape), "channels_last"), extra)
                 if sw:  # W [K][rest] -> [rest][K], rest in W's own order: K contiguous
                     w = self._transposed(w, 1, v.K, v.C * v.taps, tuple(w.shape),
@@ -693,13 +686,6 @@ class _Run:
         if splits > 1:
             fin = self._args(w=db, ws=ws, wst=(_stride0(db), 0, 0, 0, 0), splits=splits, C=1, K=k, R=(1, 1, 1))
             self._launch("portconv_split_finalize", self._elementwise_grid(k), fin)
-
-
-def _prod(xs) -> int:
-    out = 1
-    for v in xs:
-        out *= int(v)
-    return out
 
 
 def _stride0(t) -> int:
