@@ -332,12 +332,14 @@ struct pc_igemm_bwd_weight_op : pc_igemm_base {
     pc_t *dw;
     pc_acc_t *ws;
     pc_idx split, splits, count;
+    bool tn; /* Note [TN tiles] (conv_igemm_tc.cuh): columns channel-innermost, (tap, c) */
     struct Row { pc_idx yo; bool ok; };
     struct Col { pc_idx xo, d0, d1, d2; bool ok; };
     struct Red { pc_idx yo, xo, b0, b1, b2; bool ok; };
     PC_DEVICE pc_igemm_bwd_weight_op(const pc_conv_args &a, pc_idx grp, pc_idx s) : pc_igemm_base(a, grp) {
         x = (const pc_t *)a.x, dy = (const pc_t *)a.y, dw = (pc_t *)a.w, ws = (pc_acc_t *)a.ws;
         split = s, splits = (pc_idx)a.splits, count = (pc_idx)a.K * Cg * taps;
+        tn = va && vb;
     }
     PC_DEVICE Row row(pc_idx k, pc_idx M) const {
         Row t;
@@ -349,41 +351,50 @@ struct pc_igemm_bwd_weight_op : pc_igemm_base {
         Col t;
         pc_idx c, r0, r1, r2;
         t.ok = n < NC;
-        chan_tap(t.ok ? n : 0, Cg, false, c, r0, r1, r2);
+        chan_tap(t.ok ? n : 0, Cg, tn, c, r0, r1, r2);
         t.d0 = r0 * D0 - P0, t.d1 = r1 * D1 - P1, t.d2 = r2 * D2 - P2;
         t.xo = (g * Cg + c) * xs1 + t.d0 * xs2 + t.d1 * xs3 + t.d2 * xs4;
         if (!t.ok) t.d0 = X0; /* out of range for every position (r.b0 >= 0) */
         return t;
     }
     PC_DEVICE Red red(pc_idx r, pc_idx rend) const {
-        Red t;
         pc_idx n, o0, o1, o2;
-        t.ok = r < rend;
-        pc_unflatten4(t.ok ? r : 0, Y0, Y1, Y2, n, o0, o1, o2);
+        pc_unflatten4(r < rend ? r : 0, Y0, Y1, Y2, n, o0, o1, o2);
+        return red_at(n, o0, o1, o2, r < rend);
+    }
+    /* the Red of position (n, o0, o1, o2) of the reduction; ok: inside the block's range */
+    PC_DEVICE Red red_at(pc_idx n, pc_idx o0, pc_idx o1, pc_idx o2, bool ok) const {
+        Red t;
+        t.ok = ok;
         t.b0 = o0 * S0, t.b1 = o1 * S1, t.b2 = o2 * S2;
         t.yo = n * ys0 + o0 * ys2 + o1 * ys3 + o2 * ys4, t.xo = n * xs0 + t.b0 * xs2 + t.b1 * xs3 + t.b2 * xs4;
         if (!t.ok) t.b0 = X0 + P0; /* out of range for every column (n.d0 >= -P0) */
         return t;
     }
+    PC_DEVICE bool A_in(const Row &m, const Red &r) const { return m.ok && r.ok; }
+    PC_DEVICE pc_idx A_off(const Row &m, const Red &r) const { return m.yo + r.yo; }
+    PC_DEVICE bool B_in(const Red &r, const Col &n) const {
+        /* !r.ok and !n.ok were folded into b0 / d0 (red_at() and col()) */
+        return pc_inside(r.b0 + n.d0, X0) && pc_inside(r.b1 + n.d1, X1) && pc_inside(r.b2 + n.d2, X2);
+    }
+    PC_DEVICE pc_idx B_off(const Red &r, const Col &n) const { return n.xo + r.xo; }
     template <class V = pc_acc_t>
     PC_DEVICE V A(const Row &m, const Red &r) const {
-        return (m.ok && r.ok) ? pc_gather<V>::ld(dy, m.yo + r.yo) : V(0);
+        return A_in(m, r) ? pc_gather<V>::ld(dy, A_off(m, r)) : V(0);
     }
     template <class V = pc_acc_t>
     PC_DEVICE V B(const Red &r, const Col &n) const {
-        /* !r.ok and !n.ok were folded into b0 / d0 (red() and col()) */
-        if (!(pc_inside(r.b0 + n.d0, X0) && pc_inside(r.b1 + n.d1, X1) && pc_inside(r.b2 + n.d2, X2))) return V(0);
-        return pc_gather<V>::ld(x, n.xo + r.xo);
+        return B_in(r, n) ? pc_gather<V>::ld(x, B_off(r, n)) : V(0);
     }
     PC_DEVICE pc_idx out_row(pc_idx k) const { /* Note [split stores]; split: the workspace's partial sums */
         const pc_idx kk = g * Kg + k;
         return splits > 1 ? split * count + kk * Cg * taps : kk * ws0;
     }
-    PC_DEVICE pc_idx out_col(pc_idx n) const {
-        if (splits > 1) return n;
+    PC_DEVICE pc_idx out_col(pc_idx n) const { /* the workspace keeps W's (c, tap) order whatever the columns' */
+        if (splits > 1 && !tn) return n;
         pc_idx c, r0, r1, r2;
-        chan_tap(n, Cg, false, c, r0, r1, r2);
-        return c * ws1 + r0 * ws2 + r1 * ws3 + r2 * ws4;
+        chan_tap(n, Cg, tn, c, r0, r1, r2);
+        return splits > 1 ? c * taps + (r0 * R1 + r1) * R2 + r2 : c * ws1 + r0 * ws2 + r1 * ws3 + r2 * ws4;
     }
     PC_DEVICE void put(pc_idx orow, pc_idx ocol, pc_idx, pc_acc_t v) const {
         if (splits > 1)
@@ -630,6 +641,9 @@ PC_KERNEL void PC_LAUNCH_BOUNDS(PC_IGEMM_LB) portconv_igemm_bwd_weight(const pc_
     const pc_igemm_bwd_weight_op op(a, z / splits, z % splits);
     pc_idx lo, hi;
     pc_split_range((pc_idx)a.N * op.Y0 * op.Y1 * op.Y2, (pc_idx)a.chunk, z % splits, lo, hi);
+#if PC_TENSOR_CORES
+    if (op.tn) return pc_igemm_tc_tn(op, op.Kg, op.Cg * op.taps, lo, hi); /* Note [TN tiles] */
+#endif
     pc_igemm_main<pc_igemm_bwd_weight_op, 0>(op, op.Kg, op.Cg * op.taps, lo, hi);
 }
 

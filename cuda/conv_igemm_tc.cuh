@@ -80,44 +80,65 @@ PC_DEVICE void pc_tc_stage(unsigned *row, int k, float v) { row[k] = pc_tc_word(
  * addresses of one 8 x 8 matrix fall on distinct 4-bank groups) one ldmatrix.x4 loads the four 8 x 8 blocks of a
  * 16 x 16 A fragment, or two n8 B fragments, where 32-bit loads took four; each thread receives exactly the fragment
  * registers mma.m16n8k16 expects (row lane / 4, elements 2 (lane % 4), + 1). */
+template <bool Trans = false> /* Trans: 8 x 8 blocks stored row-major are received transposed (Note [TN tiles]) */
 PC_DEVICE void pc_ldsm4(unsigned (&r)[4], const unsigned *p) {
     const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
+    if (Trans)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
 }
 
-/* One k-step (16 of the reduction) of a warp's tile from shared rows A (M-major; Sw: Note [A swizzle]) and B. */
+/* acc += a b over a warp's fragments: mma.m16n8k8 TF32 (one half-step), or mma.m16n8k16 of the 16-bit types. */
+PC_DEVICE void pc_tc_mma_frags(float (&acc)[PC_TC_MT][PC_TC_NT][4], const unsigned (&a)[PC_TC_MT][4],
+                               const unsigned (&b)[PC_TC_NT][2]) {
+#pragma unroll
+    for (int i = 0; i < PC_TC_MT; ++i)
+#pragma unroll
+        for (int j = 0; j < PC_TC_NT; ++j)
+#if PC_DTYPE == 0
+            asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                         "{%8,%9}, {%0,%1,%2,%3};"
+#elif PC_DTYPE == 2
+            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                         "{%8,%9}, {%0,%1,%2,%3};"
+#else
+            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                         "{%8,%9}, {%0,%1,%2,%3};"
+#endif
+                         : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
+                         : "r"(a[i][0]), "r"(a[i][1]), "r"(a[i][2]), "r"(a[i][3]), "r"(b[j][0]), "r"(b[j][1]));
+}
+
+/* One k-step (16 of the reduction) of a warp's tile from shared rows A (M-major; Sw: Note [A swizzle], of the tile's
+ * rows: A starts at the warp's row wm, which the 16-row warp tiles of Note [narrow tiles] leave odd in 16s) and B. */
 template <bool Sw>
 PC_DEVICE void pc_tc_mma(float (&acc)[PC_TC_MT][PC_TC_NT][4], const unsigned (*A)[PC_TC_LDW],
-                         const unsigned (*B)[PC_TC_LDW], int g, int t) {
+                         const unsigned (*B)[PC_TC_LDW], int g, int t, int wm = 0) {
 #if PC_DTYPE == 0
 #pragma unroll
     for (int kk = 0; kk < PC_BK; kk += 8) {
         unsigned a[PC_TC_MT][4], b[PC_TC_NT][2];
 #pragma unroll
         for (int i = 0; i < PC_TC_MT; ++i) { /* Note [A swizzle]: rows 16i + g and 16i + g + 8 */
-            const int t0 = kk + (Sw ? t ^ pc_tc_sw(16 * i) : t), t1 = kk + (Sw ? t ^ pc_tc_sw(16 * i + 8) : t);
+            const int t0 = kk + (Sw ? t ^ pc_tc_sw(wm + 16 * i) : t), t1 = kk + (Sw ? t ^ pc_tc_sw(wm + 16 * i + 8) : t);
             a[i][0] = A[16 * i + g][t0], a[i][1] = A[16 * i + g + 8][t1];
             a[i][2] = A[16 * i + g][t0 + 4], a[i][3] = A[16 * i + g + 8][t1 + 4];
         }
 #pragma unroll
         for (int j = 0; j < PC_TC_NT; ++j) b[j][0] = B[8 * j + g][kk + t], b[j][1] = B[8 * j + g][kk + t + 4];
-#pragma unroll
-        for (int i = 0; i < PC_TC_MT; ++i)
-#pragma unroll
-            for (int j = 0; j < PC_TC_NT; ++j)
-                asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-                             "{%8,%9}, {%0,%1,%2,%3};"
-                             : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
-                             : "r"(a[i][0]), "r"(a[i][1]), "r"(a[i][2]), "r"(a[i][3]), "r"(b[j][0]), "r"(b[j][1]));
+        pc_tc_mma_frags(acc, a, b);
     }
 #else
     unsigned a[PC_TC_MT][4], b[PC_TC_NT][2];
     if (Sw || !PC_TC_LDSM) {
 #pragma unroll
         for (int i = 0; i < PC_TC_MT; ++i) { /* Note [A swizzle]: rows 16i + g and 16i + g + 8 */
-            const int t0 = Sw ? t ^ pc_tc_sw(16 * i) : t, t1 = Sw ? t ^ pc_tc_sw(16 * i + 8) : t;
+            const int t0 = Sw ? t ^ pc_tc_sw(wm + 16 * i) : t, t1 = Sw ? t ^ pc_tc_sw(wm + 16 * i + 8) : t;
             a[i][0] = A[16 * i + g][t0], a[i][1] = A[16 * i + g + 8][t1];
             a[i][2] = A[16 * i + g][t0 + 4], a[i][3] = A[16 * i + g + 8][t1 + 4];
         }
@@ -140,19 +161,7 @@ PC_DEVICE void pc_tc_mma(float (&acc)[PC_TC_MT][PC_TC_NT][4], const unsigned (*A
 #pragma unroll
     for (int j = 0; j < PC_TC_NT; ++j) b[j][0] = B[8 * j + g][t], b[j][1] = B[8 * j + g][t + 4];
 #endif
-#pragma unroll
-    for (int i = 0; i < PC_TC_MT; ++i)
-#pragma unroll
-        for (int j = 0; j < PC_TC_NT; ++j)
-#if PC_DTYPE == 2
-            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-                         "{%8,%9}, {%0,%1,%2,%3};"
-#else
-            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-                         "{%8,%9}, {%0,%1,%2,%3};"
-#endif
-                         : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
-                         : "r"(a[i][0]), "r"(a[i][1]), "r"(a[i][2]), "r"(a[i][3]), "r"(b[j][0]), "r"(b[j][1]));
+    pc_tc_mma_frags(acc, a, b);
 #endif
 }
 
@@ -168,10 +177,23 @@ struct pc_tc_smem { /* 16-byte aligned rows: Note [vector gathers], Note [ldmatr
     alignas(16) unsigned A[PC_TC_NBUF][PC_TC_BM][PC_TC_LDW];
     alignas(16) unsigned B[PC_TC_NBUF][PC_TC_BN][PC_TC_LDW];
 };
-PC_DEVICE pc_tc_smem &pc_tc_shared() {
-    PC_SHARED pc_tc_smem s;
+/* Note [TN tiles]: reduction-major rows of BM (BN) elements, padded 4 words (16-bit) or 8 (TF32) */
+#define PC_TC_TPA (PC_DTYPE == 0 ? PC_TC_BM + 8 : PC_TC_BM / 2 + 4) /* words per shared row */
+#define PC_TC_TPB (PC_DTYPE == 0 ? PC_TC_BN + 8 : PC_TC_BN / 2 + 4)
+#define PC_TC_TS (PC_DTYPE == 0 ? 2 : 4) /* stages: the register double buffer (TF32), or the cp.async ring */
+struct pc_tc_tn_smem {
+    alignas(16) unsigned A[PC_TC_TS][PC_BK][PC_TC_TPA];
+    alignas(16) unsigned B[PC_TC_TS][PC_BK][PC_TC_TPB];
+};
+union pc_tc_smem_any { /* one allocation whichever tile a kernel runs */
+    pc_tc_smem tile;
+    pc_tc_tn_smem tn;
+};
+PC_DEVICE pc_tc_smem_any &pc_tc_shared_any() {
+    PC_SHARED pc_tc_smem_any s;
     return s;
 }
+PC_DEVICE pc_tc_smem &pc_tc_shared() { return pc_tc_shared_any().tile; }
 
 /* Note [M-lane gathers]: under tap-major steps (Note [tap-major steps], conv_igemm.cuh) NCHW problems gather A with
  * the lanes of a warp along M: lane l takes rows l, l + 32, ... of the tile and warp w the reduction channels 2w and
@@ -506,7 +528,7 @@ PC_DEVICE void pc_igemm_tc_run(const Op &op, pc_idx M, pc_idx NC, pc_idx rbeg, p
             else
                 cur.template fetch<pc_tc_e, PC_TC_BJ>(op, rows, cols, ra, rb);
         }
-        pc_tc_mma<mlane && PC_TC_SW>(acc, As[buf] + wm, Bs[buf] + wn, g, t);
+        pc_tc_mma<mlane && PC_TC_SW>(acc, As[buf] + wm, Bs[buf] + wn, g, t, wm);
         if (more) {
             if constexpr (vec)
                 pc_tc_stage_vec_step<vb>(As[buf ^ 1], Bs[buf ^ 1], va, vv, rb, tid);
@@ -517,6 +539,194 @@ PC_DEVICE void pc_igemm_tc_run(const Op &op, pc_idx M, pc_idx NC, pc_idx rbeg, p
         buf ^= 1;
     }
     pc_tc_epilogue(op, acc, m0 + wm, n0 + wn, g, t, M, NC);
+}
+
+/* Note [TN tiles]: backward-weight's GEMM, dW[k][(c, tap)] = sum over positions p of dY[p][k] X[p + tap][c], has both
+ * operands contiguous along M and N and strided along the reduction when dY and X are channels-last (dense NCHW ones
+ * are staged so, Note [channels-last staging]): the "TN" GEMM of BLAS. The element-gathering tile reads them along
+ * the reduction, two bytes from another line each (v5: resnet50-l1-3x3-bf16-cl's weight gradient at 0.05x cuDNN).
+ * This tile reads them as they lie: a step's 16 reduction rows of 16-byte vectors of VE channels (k of dY; c of X at
+ * one tap: its columns run channel-innermost, op.tn), stored reduction-major in shared memory and read into the mma
+ * fragments transposed, by ldmatrix.trans for the 16-bit types, by 32-bit loads for TF32 (rows padded so both are
+ * conflict free). Load thread tid takes reduction row tid % 16 of every step, its position (n, o) stepped by 16
+ * without division, and vectors tid / 16 + 16 i of the row. The 16-bit types copy with cp.async into a ring of
+ * PC_TC_TS stages (Note [async stages]); TF32 goes through registers, rounded when stored. The host sets PC_FLAG_VA
+ * (dY) and PC_FLAG_VB (X) only when K/G and C/G are multiples of VE and the tensors' strides and addresses keep
+ * every vector aligned (cuda.py's tn_ok). */
+#define PC_TC_TVA (PC_TC_BM / PC_TC_VE)   /* vectors per reduction row */
+#define PC_TC_TVB (PC_TC_BN / PC_TC_VE)
+#define PC_TC_TAV ((PC_TC_TVA + 15) / 16) /* ... per load thread */
+#define PC_TC_TBV ((PC_TC_TVB + 15) / 16)
+#if PC_TC_NT % 2 != 0
+#error "portconv: the TN tile loads B fragments two n8 blocks at a time"
+#endif
+
+struct pc_tn_pos { /* a load thread's reduction index r and position (n, o0, o1, o2) */
+    pc_idx r, n, o0, o1, o2;
+    template <class Op>
+    PC_DEVICE pc_tn_pos(const Op &op, pc_idx r0) : r(r0) {
+        pc_unflatten4(r0, op.Y0, op.Y1, op.Y2, n, o0, o1, o2);
+    }
+    template <class Op>
+    PC_DEVICE void next(const Op &op) {
+        r += PC_BK, o2 += PC_BK;
+        while (o2 >= op.Y2) {
+            o2 -= op.Y2;
+            if (++o1 == op.Y1) {
+                o1 = 0;
+                if (++o0 == op.Y0) o0 = 0, ++n;
+            }
+        }
+    }
+};
+
+/* One k-step of a warp's tile from reduction-major shared rows A and B. */
+PC_DEVICE void pc_tc_mma_tn(float (&acc)[PC_TC_MT][PC_TC_NT][4], const unsigned (*A)[PC_TC_TPA],
+                            const unsigned (*B)[PC_TC_TPB], int wm, int wn, int g, int t) {
+#if PC_DTYPE == 0
+#pragma unroll
+    for (int kk = 0; kk < PC_BK; kk += 8) { /* fragment (row, k): A[k][m] */
+        unsigned a[PC_TC_MT][4], b[PC_TC_NT][2];
+#pragma unroll
+        for (int i = 0; i < PC_TC_MT; ++i) {
+            const int m = wm + 16 * i + g;
+            a[i][0] = A[kk + t][m], a[i][1] = A[kk + t][m + 8], a[i][2] = A[kk + t + 4][m], a[i][3] = A[kk + t + 4][m + 8];
+        }
+#pragma unroll
+        for (int j = 0; j < PC_TC_NT; ++j) b[j][0] = B[kk + t][wn + 8 * j + g], b[j][1] = B[kk + t + 4][wn + 8 * j + g];
+        pc_tc_mma_frags(acc, a, b);
+    }
+#else
+    /* lane l gives row l % 8 of 8 x 8 block l / 8: A's blocks (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15), ...;
+     * B's (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15); in words: element column / 2 */
+    unsigned a[PC_TC_MT][4], b[PC_TC_NT][2];
+    const int l = 4 * g + t, q = l >> 3, r = l & 7;
+#pragma unroll
+    for (int i = 0; i < PC_TC_MT; ++i) pc_ldsm4<true>(a[i], &A[8 * (q >> 1) + r][(wm + 16 * i + 8 * (q & 1)) / 2]);
+#pragma unroll
+    for (int j = 0; j < PC_TC_NT; j += 2) {
+        unsigned v[4];
+        pc_ldsm4<true>(v, &B[8 * (q & 1) + r][(wn + 8 * j + 8 * (q >> 1)) / 2]);
+        b[j][0] = v[0], b[j][1] = v[1], b[j + 1][0] = v[2], b[j + 1][1] = v[3];
+    }
+    pc_tc_mma_frags(acc, a, b);
+#endif
+}
+
+/* A thread's vector i of A (dY) and j of B (X) at a Red: its address, or null outside the tensor (zeros). */
+template <class Op>
+PC_DEVICE const pc_t *pc_tn_a(const Op &op, const typename Op::Row &m, const typename Op::Red &d) {
+    return op.A_in(m, d) ? op.dy + op.A_off(m, d) : nullptr;
+}
+template <class Op>
+PC_DEVICE const pc_t *pc_tn_b(const Op &op, const typename Op::Red &d, const typename Op::Col &n) {
+    return op.B_in(d, n) ? op.x + op.B_off(d, n) : nullptr;
+}
+#define PC_TN_A_MINE(i) (lq + 16 * (i) < PC_TC_TVA) /* vector i of the thread exists */
+#define PC_TN_B_MINE(j) (lq + 16 * (j) < PC_TC_TVB)
+
+/* The thread's vectors of one step into stage A, B with cp.async (Note [async stages]). */
+template <class Op>
+PC_DEVICE void pc_tn_issue(const Op &op, const typename Op::Red &d, const typename Op::Row *rows,
+                           const typename Op::Col *cols, unsigned (*A)[PC_TC_TPA], unsigned (*B)[PC_TC_TPB], int rr,
+                           int lq) {
+#pragma unroll
+    for (int i = 0; i < PC_TC_TAV; ++i)
+        if (PC_TN_A_MINE(i)) {
+            const pc_t *s = pc_tn_a(op, rows[i], d);
+            pc_cp16(&A[rr][4 * (lq + 16 * i)], s ? s : op.dy, s != nullptr);
+        }
+#pragma unroll
+    for (int j = 0; j < PC_TC_TBV; ++j)
+        if (PC_TN_B_MINE(j)) {
+            const pc_t *s = pc_tn_b(op, d, cols[j]);
+            pc_cp16(&B[rr][4 * (lq + 16 * j)], s ? s : op.x, s != nullptr);
+        }
+}
+
+/* The thread's vectors of one step into registers va, vb. */
+template <class Op>
+PC_DEVICE void pc_tn_fetch(const Op &op, const typename Op::Red &d, const typename Op::Row *rows,
+                           const typename Op::Col *cols, uint4 *va, uint4 *vb, int lq) {
+    const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+    for (int i = 0; i < PC_TC_TAV; ++i) {
+        const pc_t *s = PC_TN_A_MINE(i) ? pc_tn_a(op, rows[i], d) : nullptr;
+        va[i] = s ? pc_ld16(s, 0) : z;
+    }
+#pragma unroll
+    for (int j = 0; j < PC_TC_TBV; ++j) {
+        const pc_t *s = PC_TN_B_MINE(j) ? pc_tn_b(op, d, cols[j]) : nullptr;
+        vb[j] = s ? pc_ld16(s, 0) : z;
+    }
+}
+
+/* ... and from registers into stage A, B (TF32: rounded). */
+PC_DEVICE void pc_tn_stage(unsigned (*A)[PC_TC_TPA], unsigned (*B)[PC_TC_TPB], const uint4 *va, const uint4 *vb, int rr,
+                           int lq) {
+#pragma unroll
+    for (int i = 0; i < PC_TC_TAV; ++i)
+        if (PC_TN_A_MINE(i)) pc_tc_stage_vec(&A[rr][4 * (lq + 16 * i)], va[i]);
+#pragma unroll
+    for (int j = 0; j < PC_TC_TBV; ++j)
+        if (PC_TN_B_MINE(j)) pc_tc_stage_vec(&B[rr][4 * (lq + 16 * j)], vb[j]);
+}
+
+/* Note [TN tiles]: the backward-weight op's GEMM over reduction [rbeg, rend). */
+template <class Op>
+PC_DEVICE void pc_igemm_tc_tn(const Op &op, pc_idx M, pc_idx NC, pc_idx rbeg, pc_idx rend) {
+    auto &sm = pc_tc_shared_any().tn;
+    const pc_tc_thread th;
+    const int rr = th.rr, lq = th.lq, g = th.g, t = th.t, wm = th.wm, wn = th.wn;
+    typename Op::Row rows[PC_TC_TAV];
+    typename Op::Col cols[PC_TC_TBV];
+#pragma unroll
+    for (int i = 0; i < PC_TC_TAV; ++i) rows[i] = op.row(th.m0 + PC_TC_VE * (lq + 16 * i), M);
+#pragma unroll
+    for (int j = 0; j < PC_TC_TBV; ++j) cols[j] = op.col(th.n0 + PC_TC_VE * (lq + 16 * j), NC);
+    float acc[PC_TC_MT][PC_TC_NT][4];
+    pc_tc_zero(acc);
+    pc_tn_pos p(op, rbeg + rr);
+    const pc_idx steps = (rend - rbeg + PC_BK - 1) / PC_BK;
+#if PC_DTYPE != 0 /* Note [async stages]: steps k + 1 .. k + S - 1 in flight while step k multiplies */
+    constexpr int S = PC_TC_TS;
+    for (int k = 0; k < S - 1; ++k) {
+        if (k < steps) {
+            if (k) p.next(op);
+            pc_tn_issue(op, op.red_at(p.n, p.o0, p.o1, p.o2, p.r < rend), rows, cols, sm.A[k], sm.B[k], rr, lq);
+        }
+        pc_cp_commit();
+    }
+    for (pc_idx k = 0; k < steps; ++k) {
+        pc_cp_wait<S - 2>(); /* this thread's copies of step k are done */
+        PC_BARRIER();        /* ... everyone's; and step k - 1's buffers are free */
+        if (k + S - 1 < steps) {
+            const int s = (int)((k + S - 1) % S);
+            p.next(op);
+            pc_tn_issue(op, op.red_at(p.n, p.o0, p.o1, p.o2, p.r < rend), rows, cols, sm.A[s], sm.B[s], rr, lq);
+        }
+        pc_cp_commit();
+        pc_tc_mma_tn(acc, sm.A[k % S], sm.B[k % S], wm, wn, g, t);
+    }
+#else /* the register double buffer: step k + 1's loads in flight while step k multiplies */
+    uint4 va[PC_TC_TAV], vb[PC_TC_TBV];
+    if (steps > 0) {
+        pc_tn_fetch(op, op.red_at(p.n, p.o0, p.o1, p.o2, p.r < rend), rows, cols, va, vb, lq);
+        pc_tn_stage(sm.A[0], sm.B[0], va, vb, rr, lq);
+    }
+    PC_BARRIER();
+    for (pc_idx k = 0; k < steps; ++k) {
+        const bool more = k + 1 < steps;
+        if (more) {
+            p.next(op);
+            pc_tn_fetch(op, op.red_at(p.n, p.o0, p.o1, p.o2, p.r < rend), rows, cols, va, vb, lq);
+        }
+        pc_tc_mma_tn(acc, sm.A[k % 2], sm.B[k % 2], wm, wn, g, t);
+        if (more) pc_tn_stage(sm.A[(k + 1) % 2], sm.B[(k + 1) % 2], va, vb, rr, lq);
+        PC_BARRIER();
+    }
+#endif
+    pc_tc_epilogue(op, acc, th.m0 + wm, th.n0 + wn, g, t, M, NC);
 }
 
 /* Note [channels-last staging]: the vector modes need A's reduction channels contiguous, and B's (W's C for the

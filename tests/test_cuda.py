@@ -90,6 +90,8 @@ def test_tensor_core_tiles(monkeypatch):
     assert cuda.tc_tile(25088, 64, 132) == cuda.TC_TILES["128x64"]
     assert cuda.tc_tile(64, 1152, 132) == cuda.TC_TILES["64x128"]
     assert cuda.tc_tile(100352, 256, 132) == cuda.TC_TILES["128x128"]
+    assert cuda.tc_tile(901_600, 1, 132) == cuda.TC_TILES["128x16"]  # deepbench-speech-c1's backward-data phases
+    assert cuda.tc_tile(401_408, 17, 132) == cuda.TC_TILES["128x64"]
     monkeypatch.setenv(cuda.TC_TILE_ENV, "64x128")
     assert cuda.tc_tile(100352, 256, 132) == cuda.TC_TILES["64x128"]
     assert cuda.sm_version("sm_90a") == 90 and cuda.sm_version("gfx90a") == 0
@@ -354,6 +356,16 @@ def tf32_conv():
     clear_cache()
 
 
+def _misaligned(t):
+    """The same values as t, one element past a 16-byte boundary (the kernels can take no 16-byte vectors of it)."""
+    buf = torch.empty(t.numel() + 1, device=t.device, dtype=t.dtype)
+    return buf[1:].as_strided(t.shape, t.stride()).copy_(t)
+
+
+def _channels_last(t):
+    return t.contiguous(memory_format=torch.channels_last if t.dim() == 4 else torch.channels_last_3d)
+
+
 @pytest.mark.parametrize("tile", sorted(cuda.TC_TILES))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_tensor_core_every_tile(gpu, tile, dtype, monkeypatch, tf32_conv):
@@ -402,17 +414,16 @@ def test_tensor_core_vector_gathers(gpu, case, dtype, w_layout, monkeypatch, tf3
     xs, ws, kw = VEC_CASES[case]
     x, w, b, p = _make(xs, ws, kw, "chlast", dtype, gpu)
     if w_layout == "chlast":
-        w = w.contiguous(memory_format=torch.channels_last if w.dim() == 4 else torch.channels_last_3d)
+        w = _channels_last(w)
     for misaligned in (False, True):
-        if misaligned:  # the same values one element past a 16-byte boundary
-            buf = torch.empty(x.numel() + 1, device=gpu, dtype=dtype)
-            x = buf[1:].as_strided(x.shape, x.stride()).copy_(x)
+        if misaligned:
+            x = _misaligned(x)
         flags.clear()
         clear_cache()
         plan = portconv.plan(x, w, b, **kw, backend="cuda")
         assert plan.algorithm == "igemm-tc", plan.reason
         go = torch.randn(tuple(plan.problem.output_shape), device=gpu).to(dtype)
-        go = go.contiguous(memory_format=x.dim() == 4 and torch.channels_last or torch.channels_last_3d)
+        go = _channels_last(go)
         ref = reference(x, w, b, p, go)
         be = cuda.CudaBackend()
         got = (be.forward(plan, x, w, b), *be.backward(plan, go, x, w, (True, True, True)))
@@ -468,3 +479,66 @@ def test_tensor_core_channels_last_staging(gpu, case, dtype, monkeypatch, tf32_c
     assert all(torch.equal(a, k) for a, k in zip((x, w, go), keep))
     assert staged, "no operand was staged"
     assert any(f & cuda.FLAG_VA and f & cuda.FLAG_VB for f in flags), flags
+
+
+TN_CASES = [  # Note [TN tiles]: weight gradients whose dY and X channels come in whole 16-byte vectors
+    ((3, 16, 5, 7), (24, 16, 3, 3), dict(padding=1)),  # rows of 7 (a step crosses rows), K = 24: a partial M tile
+    ((8, 64, 28, 28), (64, 64, 3, 3), dict(padding=1)),  # a long reduction: split over grid z, the workspace
+    ((2, 16, 5, 6, 7), (16, 16, 3, 3, 3), dict(padding=1, stride=(1, 2, 1))),  # 3-D
+    ((4, 32, 37), (16, 32, 5), dict(stride=2, padding=1)),  # 1-D (NCHW only: staged)
+    ((2, 16, 9, 9), (16, 8, 4, 4), dict(stride=2, padding=1, transposed=True)),  # transposed: roles swapped
+]
+
+
+@pytest.mark.parametrize("layout", ["chlast", "contig"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("case", range(len(TN_CASES)))
+def test_tensor_core_tn_weight_gradient(gpu, case, dtype, layout, monkeypatch, tf32_conv):
+    """Note [TN tiles]: the weight gradient of a channels-last problem (or a dense NCHW 16-bit one, staged:
+    stage_pays overruled) launches with FLAG_VA | FLAG_VB and matches float64; with PORTCONV_CUDA_IGEMM_TC_V5=1 (the
+    v5 element gathers), from a misaligned channels-last X (no vectors) and for TF32 NCHW (never staged) it launches
+    without them and matches too."""
+    xs, ws, kw = TN_CASES[case]
+    if layout == "chlast" and len(xs) == 3:
+        pytest.skip("1-D tensors have no channels-last memory format; the contig run stages this case")
+    monkeypatch.setattr(cuda, "stage_pays", lambda macs, elems, direction: bool(elems))
+    launches = []
+    real = cuda._Run._launch
+
+    def spy(self, name, grid, args, extra=None):
+        import numpy as np
+
+        launches.append((name, int(np.frombuffer(args.tobytes(), dtype=np.int64)[-1]), grid))
+        return real(self, name, grid, args, extra)
+
+    monkeypatch.setattr(cuda._Run, "_launch", spy)
+    x, w, b, p = _make(xs, ws, kw, layout, dtype, gpu)
+    vec = cuda.FLAG_VA | cuda.FLAG_VB
+    for variant in ("tn", "v5", "misaligned"):
+        if variant == "v5":
+            monkeypatch.setenv(cuda.TC_V5_ENV, "1")
+        if variant == "misaligned":
+            monkeypatch.delenv(cuda.TC_V5_ENV)
+            x = _misaligned(x)
+        launches.clear()
+        clear_cache()
+        plan = portconv.plan(x, w, b, **kw, backend="cuda")
+        assert plan.algorithm == "igemm-tc", plan.reason
+        go = torch.randn(tuple(plan.problem.output_shape), device=gpu).to(dtype)
+        if layout == "chlast":
+            go = _channels_last(go)
+        keep = [t.clone() for t in (x, go)]
+        ref = reference(x, w, b, p, go)
+        gw = cuda.CudaBackend().backward(plan, go, x, w, (False, True, False))[1]
+        assert torch.isfinite(gw).all()
+        err = ((gw.double().cpu() - ref[2]).norm() / ref[2].norm()).item()
+        assert err < TC_TOL[dtype], f"case {case} {dtype} {layout} {variant}: relative error {err:.3g}"
+        assert all(torch.equal(a, k) for a, k in zip((x, go), keep))
+        (flags,) = [f for n, f, _ in launches if n == "portconv_igemm_bwd_weight"]
+        # a staged copy is aligned: vectors again; TF32 never stages for the weight gradient (Note [channels-last
+        # staging]), so its NCHW problems keep the element gathers
+        stages = layout == "contig" and dtype != torch.float32
+        expect = (variant == "tn" and (layout == "chlast" or stages)) or (variant == "misaligned" and stages)
+        assert (flags & vec == vec) == expect, (variant, launches)
+    if case == 1:  # the long reduction was split
+        assert [g for n, _, g in launches if n == "portconv_igemm_bwd_weight"][0][2] > 1, launches

@@ -368,3 +368,5 @@ def test_stage_pays():
     assert not cuda.stage_pays(925_000_000, [802_816, 73_728], "fwd")  # deepbench-b1-3x3's forward
     assert cuda.stage_pays(925_000_000, [802_816, 73_728], "bwd_data")  # ... its backward-data
     assert not cuda.stage_pays(1 << 30, [], "fwd")  # nothing to stage
+    assert not cuda.stage_pays(3_699_376_128, [12_845_056], "bwd_weight")  # resnet50-l1-3x3's weight gradient
+    assert cuda.stage_pays(10_060_038_144, [19_652_608], "bwd_weight")  # wav2vec2-conv1d's

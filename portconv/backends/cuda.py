@@ -27,9 +27,11 @@ IGEMM_ALGS = ("implicit_gemm", "igemm-tc")
 # plan's math is 'tf32' (torch's cuDNN conv precision policy allows it, as for the cudnn backend).
 TC_MMA = {"float16": "mma.sync fp16 m16n8k16, fp32 accumulate", "bfloat16": "mma.sync bf16 m16n8k16, fp32 accumulate",
           "float32": "mma.sync tf32 m16n8k8 (operands rounded to TF32), fp32 accumulate"}
-TC_TILES = {"128x128": (128, 128, 2), "128x64": (128, 64, 4), "64x128": (64, 128, 1)}  # BM, BN, warps along M
+TC_TILES = {"128x128": (128, 128, 2), "128x64": (128, 64, 4), "64x128": (64, 128, 1),  # BM, BN, warps along M
+            "128x16": (128, 16, 8)}  # Note [narrow tiles]
 TC_TILE_ENV = "PORTCONV_CUDA_IGEMM_TC_TILE"  # force one TC_TILES entry for every launch (experiments)
 TC_V4_ENV = "PORTCONV_CUDA_IGEMM_TC_V4"  # "1": the v4 tile (no ldmatrix, no vector gathers; before/after timings)
+TC_V5_ENV = "PORTCONV_CUDA_IGEMM_TC_V5"  # "1": the v5 kernels (weight gradient without Note [TN tiles]; before/after)
 THREADS = 256
 DW_TAPS = 9  # PC_DW_TAPS of cuda/conv_depthwise.cuh
 DW_V = 4  # PC_DW_V of cuda/conv_depthwise_rows.cuh: outputs per thread along the last spatial axis
@@ -106,11 +108,16 @@ def tensor_core_mma(dtype: str, device: DeviceInfo, kernel_set: str, tf32: bool)
     return None
 
 
+# Note [narrow tiles]: backward-data's GEMM has C/G columns, so C_in = 1..16 (an image stem, a spectrogram) left a
+# 64-column tile spending 75%-98% of every mma on padding columns (v6: deepbench-speech-c1's backward-data, C_in = 1,
+# at 0.16x-0.27x cuDNN). GEMMs of up to 16 columns take the 128x16 tile: 8 warps along M, 16 x 16 warp tiles.
 def tc_tile(m: int, n: int, units: int) -> tuple[int, int, int]:
     """(BM, BN, warps along M) of the tensor-core tile for an M x N GEMM (per group)."""
     forced = os.environ.get(TC_TILE_ENV, "")
     if forced in TC_TILES:
         return TC_TILES[forced]
+    if n <= 16:  # Note [narrow tiles]: a GEMM of 1..16 columns (backward-data of C_in = 1..16) on 64 wasted 75%+
+        return TC_TILES["128x16"]
     if n <= 64:
         return TC_TILES["128x64"]
     if m <= 64:
@@ -304,9 +311,12 @@ def vector_ok(t, item: int, axis: int = 1) -> bool:
 # whose time grows with the multiply-adds) and at least STAGE_MIN_MACS in all (the forward more: it gains less than
 # backward-data, whose element-wise B gathers the staged W replaces). Measured (docs/performance/notes-tensor-cores.md,
 # v5): resnet50-1x1-expand's backward-data, 64 per element, lost 1.2x with staging; deepbench-b1-3x3's forward (0.9G
-# multiply-adds, a 37 us kernel) lost 1.4x-1.8x, its backward-data gained 1.3x-1.5x; every other row gained.
+# multiply-adds, a 37 us kernel) lost 1.4x-1.8x, its backward-data gained 1.3x-1.5x; every other row gained. The
+# weight gradient's TN tile (Note [TN tiles], v6) ran as fast as the element gathers on the 16-bit rows of 0.9G-3.7G
+# multiply-adds, so staging lost there (0.62x-0.90x) and gained from 10G up (1.29x-1.54x); on TF32 the TN tile was
+# slower than the element gathers on every NCHW row (0.57x-0.82x with staging), so TF32 never stages for it.
 STAGE_MACS_PER_ELEM = 128
-STAGE_MIN_MACS = {"fwd": 1 << 30, "bwd_data": 1 << 27}
+STAGE_MIN_MACS = {"fwd": 1 << 30, "bwd_data": 1 << 27, "bwd_weight": 1 << 33}
 
 
 def stage_pays(macs: int, elems: list[int], direction: str) -> bool:
@@ -497,6 +507,7 @@ class _Run:
         self.acc64 = pr.dtype == "float64"
         self._item = 8 if pr.dtype == "float64" else 4 if pr.dtype == "float32" else 2
         self.v4 = os.environ.get(TC_V4_ENV) == "1"  # read when the launches are recorded (Note [replayed launches])
+        self.v5 = self.v4 or os.environ.get(TC_V5_ENV) == "1"
         self.flags = FLAG_CL if plan.memory_format != "contiguous" else 0
         self.dw = depthwise_kernels(self.view, bool(self.flags)) if self.alg == "depthwise" else {}
         self.rec: _replay.Recording | None = None  # Note [replayed launches]
@@ -556,6 +567,17 @@ class _Run:
         elems = [math.prod(tuple(t.shape)) for t, n in zip(ts, need) if n]
         return need if stage_pays(macs, elems, direction) else [False] * len(ts)
 
+    def _tn(self, cg: int, kg: int) -> bool:
+        """Note [TN tiles]: whether this igemm-tc weight gradient may take the TN tile: channel counts in whole
+        16-byte vectors."""
+        ve = 16 // self._item
+        return self.alg == "igemm-tc" and not self.v5 and cg % ve == 0 and kg % ve == 0
+
+    def _channels_last(self, t, extra):
+        """Note [channels-last staging]: dense NCHW t as a channels-last copy."""
+        n, c, rest = t.shape[0], t.shape[1], math.prod(tuple(t.shape[2:]))
+        return self._transposed(t, n, c, rest, tuple(t.shape), dense_strides(tuple(t.shape), "channels_last"), extra)
+
     def _transposed(self, t, batch: int, rows: int, cols: int, shape, strides, extra):
         """Note [channels-last staging]: a new array of ``shape`` / ``strides`` holding dense t [batch][rows][cols]
         as [batch][cols][rows] (one portconv_stage_transpose launch)."""
@@ -583,8 +605,7 @@ class _Run:
             if self._stages(v.C // v.G, bm):  # Note [channels-last staging]
                 sx, sw = self._to_stage("fwd", v.y_positions * v.K * v.C * v.taps, x, w)
                 if sx:
-                    x = self._transposed(x, v.N, v.C, math.prod(tuple(x.shape[2:])), tuple(x.shape),
-                                         dense_strides(tuple(x.shape), "channels_last"), extra)
+                    x = self._channels_last(x, extra)
                 if sw:
                     w = self._transposed(w, v.K, v.C, v.taps, tuple(w.shape),
                                          dense_strides(tuple(w.shape), "channels_last"), extra)
@@ -618,8 +639,7 @@ class _Run:
                 sw = w_dense and (sy or vector_ok(dy, self._item)) and stage_pays(
                     macs, [math.prod(tuple(w.shape))] + ([math.prod(tuple(dy.shape))] if sy else []), "bwd_data")
                 if sy:
-                    dy = self._transposed(dy, v.N, v.K, math.prod(tuple(dy.shape[2:])), tuple(dy.shape),
-                                          dense_strides(tuple(dy.shape), "channels_last"), extra)
+                    dy = self._channels_last(dy, extra)
                 if sw:  # W [K][rest] -> [rest][K], rest in W's own order: K contiguous
                     w = self._transposed(w, 1, v.K, v.C * v.taps, tuple(w.shape),
                                          (1,) + tuple(v.K * s for s in wst[1:]), extra)
@@ -642,7 +662,7 @@ class _Run:
         cg, kg = v.C // v.G, v.K // v.G
         count = v.K * cg * v.taps
         total = v.y_positions
-        extra = None
+        extra, flags = None, 0
         if self.alg in IGEMM_ALGS:
             bk = IGEMM_TILE[2]
             bm, bn, extra = self._igemm_tile(kg, cg * v.taps)
@@ -652,6 +672,13 @@ class _Run:
             chunk = -(-total // splits)
             splits = -(-total // chunk)
             grid = (tiles[0], tiles[1], v.G * splits)
+            if self._tn(cg, kg):  # Note [TN tiles]: dY and X channel-contiguous, 16-bit NCHW ones staged when it pays
+                stage = v.G == 1 and self._item == 2  # (Note [channels-last staging]: not TF32)
+                sy, sx = self._to_stage("bwd_weight", count * total, dy, x) if stage else (False, False)
+                dy = self._channels_last(dy, extra) if sy else dy
+                x = self._channels_last(x, extra) if sx else x
+                if vector_ok(dy, self._item) and vector_ok(x, self._item):
+                    flags = FLAG_VA | FLAG_VB
         elif self.dw.get("bwd_weight", "plain") != "plain":
             grid, splits, chunk = depthwise_weight_grid(v, self.dw["bwd_weight"], bool(self.flags),
                                                         self.plan.problem.dtype, self.units)
@@ -664,7 +691,7 @@ class _Run:
             grid = (min(count, 2**31 - 1), splits, 1)
         ws = self.io.workspace(splits * count, self.acc64) if splits > 1 else None
         a = self._args(x=x, w=dw, y=dy, ws=ws, xs=strides5(x), wst=strides5(dw), ys=strides5(dy), splits=splits,
-                       chunk=chunk)
+                       chunk=chunk, flags=flags)
         name = f"{PREFIX[self.alg]}_bwd_weight"
         if self.dw.get("bwd_weight", "plain") != "plain":
             name += "_" + self.dw["bwd_weight"]

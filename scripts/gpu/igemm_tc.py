@@ -4,7 +4,8 @@ against cuDNN on the suite's dense rows, per direction, same process, same data 
     PYTHONPATH=. python3 scripts/gpu/igemm_tc.py --dtypes float16,float32 --tiles auto,128x128,128x64,64x128 \
         --out $OUT/sweep.json [--budget 90]
 
-Tile `v4` is the auto tile with PORTCONV_CUDA_IGEMM_TC_V4=1 (the v4 kernel: no ldmatrix, no vector gathers).
+Tile `v4` is the auto tile with PORTCONV_CUDA_IGEMM_TC_V4=1 (the v4 kernel: no ldmatrix, no vector gathers), `v5`
+the auto tile with PORTCONV_CUDA_IGEMM_TC_V5=1 (the v5 kernels: weight gradient without Note [TN tiles]).
 
 float32 runs under torch's default conv precision (TF32 allowed), so cuDNN and igemm-tc both use TF32.
 """
@@ -29,6 +30,7 @@ def main() -> int:
     ap.add_argument("--rows", default=DENSE)
     ap.add_argument("--dtypes", default="float16,float32")
     ap.add_argument("--tiles", default="auto,128x128,128x64,64x128")
+    ap.add_argument("--dirs", default=",".join(DIRS), help="directions to time (default: all three)")
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--budget", type=float, default=90.0, help="seconds; rows not started by then are skipped")
     ap.add_argument("--out", default="sweep.json")
@@ -45,6 +47,8 @@ def main() -> int:
     rows, _ = load_suite()
     rows = select(rows, a.rows)
     dev = torch.device("cuda", 0)
+    dirs = tuple(d for d in DIRS if d in a.dirs.split(","))
+    knobs = {"v4": cuda.TC_V4_ENV, "v5": cuda.TC_V5_ENV}  # earlier kernel versions, for before / after
     t0, out = time.time(), []
     for dtype in a.dtypes.split(","):
         for row in rows:
@@ -58,17 +62,18 @@ def main() -> int:
             res = {"row": row.name, "dtype": dtype, "ms": {}}
             entries = [("cudnn", "cudnn", None)] + [(f"tc-{t}", "cuda", t) for t in a.tiles.split(",")]
             for label, backend, tile in entries:
-                os.environ.pop(cuda.TC_V4_ENV, None)
-                if tile == "v4":  # the v4 kernel (auto tile), for before / after in one process
-                    os.environ[cuda.TC_V4_ENV] = "1"
-                if tile is None or tile in ("auto", "v4"):
+                for env in knobs.values():
+                    os.environ.pop(env, None)
+                if tile in knobs:  # an earlier kernel (auto tile), for before / after in one process
+                    os.environ[knobs[tile]] = "1"
+                if tile is None or tile == "auto" or tile in knobs:
                     os.environ.pop(cuda.TC_TILE_ENV, None)
                 else:
                     os.environ[cuda.TC_TILE_ENV] = tile
                 plan = portconv.plan(s0.input, s0.weight, s0.bias, **row.case.conv_args(), backend=backend)
                 res.setdefault("plans", {})[label] = f"{plan.algorithm}: {plan.reason}"
                 calls = _Calls(row, plan)
-                for d in DIRS:
+                for d in dirs:
                     fn = calls.get(d)
                     try:
                         for i in range(2):
@@ -86,11 +91,11 @@ def main() -> int:
                     except Exception as e:  # noqa: BLE001 - report and go on
                         res["ms"].setdefault(label, {})[d] = None
                         res.setdefault("errors", []).append(f"{label} {d}: {type(e).__name__}: {e}"[:400])
-            os.environ.pop(cuda.TC_TILE_ENV, None)
-            os.environ.pop(cuda.TC_V4_ENV, None)
+            for env in (cuda.TC_TILE_ENV, *knobs.values()):
+                os.environ.pop(env, None)
             ms = res["ms"]
             line = [f"{row.name:28s} {dtype:8s}"]
-            for d in DIRS:
+            for d in dirs:
                 c = ms["cudnn"][d]
                 best = min(((v[d], k) for k, v in ms.items() if k != "cudnn" and v[d]), default=(None, "-"))
                 auto = ms.get("tc-auto", {}).get(d)
