@@ -658,3 +658,30 @@ PC_KERNEL void PC_LAUNCH_BOUNDS(PC_IGEMM_LB) portconv_igemm_bwd_data_phase(const
     pc_igemm_go(op, op.Kg % PC_BK == 0 && (op.cl || phases > 1 || op.tp == 1), op.Kg % PC_BK == 0, M, op.Cg, 0,
                 op.Kg * op.tp);
 }
+
+/* Note [channels-last staging]: the tensor-core tile's vector modes (conv_igemm_tc.cuh) need A's reduction channels
+ * contiguous, and B's (W's C for the forward, W's K for phase backward-data); its TN tile needs the weight gradient's
+ * X and dY channel-contiguous (Note [TN tiles]). For a dense NCHW operand the host first copies it, once per call,
+ * into a workspace in that order with this batched transpose of raw elements, src [B][R][Q] (dense) -> dst [B][Q][R]
+ * (x = src, y = dst, N = B, C = R, K = Q): X or dY [N][C][positions] -> [N][positions][C]; W [K][C][taps] ->
+ * [K][taps][C] (forward) or [1][K][C taps] -> [C taps][K] (backward-data). cuDNN's NCHW convolutions do the same (its
+ * nchwToNhwcKernel runs before the implicit GEMM). 32 x 32 tiles through shared memory: both sides coalesced. Here,
+ * not in the tensor-core header, so that the CPU emulation of the bodies (tests/emu.py) runs the staged host path. */
+PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_stage_transpose(const pc_conv_args a) {
+    PC_SHARED pc_t tile[32][33];
+    const pc_t *src = (const pc_t *)a.x;
+    pc_t *dst = (pc_t *)a.y;
+    const long long R = a.C, Q = a.K, b = blockIdx.z, q0 = 32LL * blockIdx.x, r0 = 32LL * blockIdx.y;
+    const int tx = (int)threadIdx.x % 32, ty = (int)threadIdx.x / 32;
+#pragma unroll
+    for (int k = 0; k < 32; k += 8) {
+        const long long r = r0 + ty + k, q = q0 + tx;
+        if (r < R && q < Q) tile[ty + k][tx] = src[(b * R + r) * Q + q];
+    }
+    PC_BARRIER();
+#pragma unroll
+    for (int k = 0; k < 32; k += 8) {
+        const long long q = q0 + ty + k, r = r0 + tx;
+        if (q < Q && r < R) dst[(b * Q + q) * R + r] = tile[tx][ty + k];
+    }
+}

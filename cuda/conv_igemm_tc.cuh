@@ -728,28 +728,3 @@ PC_DEVICE void pc_igemm_tc_tn(const Op &op, pc_idx M, pc_idx NC, pc_idx rbeg, pc
 #endif
     pc_tc_epilogue(op, acc, th.m0 + wm, th.n0 + wn, g, t, M, NC);
 }
-
-/* Note [channels-last staging]: the vector modes need A's reduction channels contiguous, and B's (W's C for the
- * forward, W's K for phase backward-data). For a dense NCHW operand the host first copies it, once per call, into a
- * workspace in that order with this batched transpose of raw elements, src [B][R][Q] (dense) -> dst [B][Q][R] (x = src,
- * y = dst, N = B, C = R, K = Q): X or dY [N][C][positions] -> [N][positions][C]; W [K][C][taps] -> [K][taps][C]
- * (forward) or [1][K][C taps] -> [C taps][K] (backward-data). cuDNN's NCHW convolutions do the same (its
- * nchwToNhwcKernel runs before the implicit GEMM). 32 x 32 tiles through shared memory: both sides coalesced. */
-PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_stage_transpose(const pc_conv_args a) {
-    PC_SHARED pc_t tile[32][33];
-    const pc_t *src = (const pc_t *)a.x;
-    pc_t *dst = (pc_t *)a.y;
-    const long long R = a.C, Q = a.K, b = blockIdx.z, q0 = 32LL * blockIdx.x, r0 = 32LL * blockIdx.y;
-    const int tx = (int)threadIdx.x % 32, ty = (int)threadIdx.x / 32;
-#pragma unroll
-    for (int k = 0; k < 32; k += 8) {
-        const long long r = r0 + ty + k, q = q0 + tx;
-        if (r < R && q < Q) tile[ty + k][tx] = src[(b * R + r) * Q + q];
-    }
-    PC_BARRIER();
-#pragma unroll
-    for (int k = 0; k < 32; k += 8) {
-        const long long q = q0 + ty + k, r = r0 + tx;
-        if (q < Q && r < R) dst[(b * Q + q) * R + r] = tile[tx][ty + k];
-    }
-}

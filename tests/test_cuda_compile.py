@@ -344,6 +344,45 @@ def test_igemm_tc_host_path_on_cpu(emu_backend, case, monkeypatch):
         _check(got, ref, dtype, "igemm-tc")
 
 
+@pytest.mark.parametrize("case", [
+    EmuCase(2, 2, 16, 8, 24, 3, padding=1),  # NCHW: staged in bfloat16, element gathers in float64; split over z
+    EmuCase(2, 2, 16, 16, 24, 3, padding=1, layout="chlast"),  # split over z
+    EmuCase(1, 3, 8, 16, 40, 3, padding=1),  # 1-D
+    EmuCase(2, 2, 8, 16, 5, 3, stride=2, padding=1, transposed=True, output_padding=1),  # X and dY roles swapped
+], ids=lambda c: f"r{c.rank}{'t' if c.transposed else ''}{c.layout}")
+def test_tn_host_path_on_cpu(emu_backend, case, monkeypatch):
+    """Note [TN tiles]' host side on the emulator (whose FMA tile stands in for the TN tile and gathers in its column
+    order, channel-innermost, keeping W's order in the split workspace): the weight-gradient launch carries FLAG_VA |
+    FLAG_VB for channels-last operands and for NCHW bfloat16 ones after staging (stage_pays overruled), not for NCHW
+    float64 (only 16-bit operands are staged for it); all four results match the float64 reference."""
+    monkeypatch.setenv("PORTCONV_POISON", "1")
+    monkeypatch.setattr(cuda, "tc_tile", lambda m, n, units: (64, 64, 2))
+    monkeypatch.setattr(cuda, "stage_pays", lambda macs, elems, direction: bool(elems))
+    launches = []
+    real = cuda._Run._launch
+
+    def spy(self, name, grid, args, extra=None):
+        import numpy as np  # (the launch arguments are a numpy block)
+
+        launches.append((name, int(np.frombuffer(args.tobytes(), dtype=np.int64)[-1]), grid))
+        return real(self, name, grid, args, extra)
+
+    monkeypatch.setattr(cuda._Run, "_launch", spy)
+    vec = cuda.FLAG_VA | cuda.FLAG_VB
+    for dtype in (torch.float64, torch.bfloat16):
+        launches.clear()
+        x, w, b, problem, choice, go, ref = _setup(emu_backend, case, dtype)
+        if case.layout == "chlast":  # dY channels-last too
+            go = go.contiguous(memory_format=torch.channels_last)
+        plan = Plan(problem, BackendId.CUDA, "igemm-tc", choice.memory_format, choice.reason, _DEVICE)
+        got = (emu_backend.forward(plan, x, w, b), *emu_backend.backward(plan, go, x, w, (True, True, True)))
+        _check(got, ref, dtype, "igemm-tc TN")
+        (flags,) = [f for n, f, _ in launches if n == "portconv_igemm_bwd_weight"]
+        assert (flags & vec == vec) == (case.layout == "chlast" or dtype == torch.bfloat16), launches
+    if case.rank == 2 and case.size > 20:  # split: the workspace keeps W's order whatever the columns' (out_col)
+        assert [g for n, _, g in launches if n == "portconv_igemm_bwd_weight"][0][2] > 1, launches
+
+
 def test_vector_ok():
     """Note [vector gathers]: the host lets a tensor's channels be read 16 bytes at a time only when its channel axis is
     contiguous, its other axes (of extent > 1) step by 16-byte multiples and its address is 16-byte aligned."""
