@@ -45,3 +45,21 @@ def make(xs, ws, kw, layout, dtype, dev, seed_mult=31):
     p = ConvParams.make(len(xs) - 2, weight_shape=ws, **kw)
     b = torch.randn((ws[1] * p.groups) if p.transposed else ws[0], generator=g, device=dev)
     return x.to(dtype), w.to(dtype), b.to(dtype), p
+
+
+def spy_launches(monkeypatch) -> list:
+    """Record every kernel launch of the cuda backend's runs (real or emulated) as (name, the PC_FLAG_* bits of its
+    arguments, grid), still launching it; returns the list the launches are appended to."""
+    import numpy as np  # (the launch arguments are a numpy block)
+
+    from portconv.backends import cuda
+
+    launches = []
+    real = cuda._Run._launch
+
+    def spy(self, name, grid, args, extra=None):
+        launches.append((name, int(np.frombuffer(args.tobytes(), dtype=np.int64)[-1]), grid))
+        return real(self, name, grid, args, extra)
+
+    monkeypatch.setattr(cuda._Run, "_launch", spy)
+    return launches

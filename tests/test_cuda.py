@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 from conftest import require_backend
-from gpu_refs import assert_close, reference
+from gpu_refs import assert_close, reference, spy_launches
 from gpu_refs import make as _make
 
 import portconv
@@ -502,16 +502,7 @@ def test_tensor_core_tn_weight_gradient(gpu, case, dtype, layout, monkeypatch, t
     if layout == "chlast" and len(xs) == 3:
         pytest.skip("1-D tensors have no channels-last memory format; the contig run stages this case")
     monkeypatch.setattr(cuda, "stage_pays", lambda macs, elems, direction: bool(elems))
-    launches = []
-    real = cuda._Run._launch
-
-    def spy(self, name, grid, args, extra=None):
-        import numpy as np
-
-        launches.append((name, int(np.frombuffer(args.tobytes(), dtype=np.int64)[-1]), grid))
-        return real(self, name, grid, args, extra)
-
-    monkeypatch.setattr(cuda._Run, "_launch", spy)
+    launches = spy_launches(monkeypatch)
     x, w, b, p = _make(xs, ws, kw, layout, dtype, gpu)
     vec = cuda.FLAG_VA | cuda.FLAG_VB
     for variant in ("tn", "v5", "misaligned"):

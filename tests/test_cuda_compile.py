@@ -15,7 +15,7 @@ import zlib
 import pytest
 import torch
 from emu import EmuKernels, EmuTensors
-from gpu_refs import reference
+from gpu_refs import reference, spy_launches
 
 from portconv.backends import BackendId, Problem, cuda
 from portconv.backends._cupy import inline_source
@@ -358,16 +358,7 @@ def test_tn_host_path_on_cpu(emu_backend, case, monkeypatch):
     monkeypatch.setenv("PORTCONV_POISON", "1")
     monkeypatch.setattr(cuda, "tc_tile", lambda m, n, units: (64, 64, 2))
     monkeypatch.setattr(cuda, "stage_pays", lambda macs, elems, direction: bool(elems))
-    launches = []
-    real = cuda._Run._launch
-
-    def spy(self, name, grid, args, extra=None):
-        import numpy as np  # (the launch arguments are a numpy block)
-
-        launches.append((name, int(np.frombuffer(args.tobytes(), dtype=np.int64)[-1]), grid))
-        return real(self, name, grid, args, extra)
-
-    monkeypatch.setattr(cuda._Run, "_launch", spy)
+    launches = spy_launches(monkeypatch)
     vec = cuda.FLAG_VA | cuda.FLAG_VB
     for dtype in (torch.float64, torch.bfloat16):
         launches.clear()
