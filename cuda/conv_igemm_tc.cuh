@@ -552,7 +552,7 @@ PC_DEVICE void pc_igemm_tc_run(const Op &op, pc_idx M, pc_idx NC, pc_idx rbeg, p
  * without division, and vectors tid / 16 + 16 i of the row. The 16-bit types copy with cp.async into a ring of
  * PC_TC_TS stages (Note [async stages]); TF32 goes through registers, rounded when stored. The host sets PC_FLAG_VA
  * (dY) and PC_FLAG_VB (X) only when K/G and C/G are multiples of VE and the tensors' strides and addresses keep
- * every vector aligned (cuda.py's tn_ok). */
+ * every vector aligned (cuda.py's _Run._tn and _Run._vector_flags). */
 #define PC_TC_TVA (PC_TC_BM / PC_TC_VE)   /* vectors per reduction row */
 #define PC_TC_TVB (PC_TC_BN / PC_TC_VE)
 #define PC_TC_TAV ((PC_TC_TVA + 15) / 16) /* ... per load thread */

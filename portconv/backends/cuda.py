@@ -677,8 +677,7 @@ class _Run:
                 sy, sx = self._to_stage("bwd_weight", count * total, dy, x) if stage else (False, False)
                 dy = self._channels_last(dy, extra) if sy else dy
                 x = self._channels_last(x, extra) if sx else x
-                if vector_ok(dy, self._item) and vector_ok(x, self._item):
-                    flags = FLAG_VA | FLAG_VB
+                flags = self._vector_flags(dy, x)  # the kernel takes the TN tile when both are set
         elif self.dw.get("bwd_weight", "plain") != "plain":
             grid, splits, chunk = depthwise_weight_grid(v, self.dw["bwd_weight"], bool(self.flags),
                                                         self.plan.problem.dtype, self.units)

@@ -2,9 +2,10 @@
 # Tensor-core implicit GEMM on the device, one call: its GPU tests and the conformance grid (cuda backend; float16,
 # bfloat16, float32 on TF32) side by side, then the tile sweep against cuDNN and/or the suite bench.
 # Usage (repo root, on the device):  OUT=... bash scripts/gpu/igemm_tc.sh [tests] [conform] [racecheck] [sweep] [bench]
-#   [bench-float16 ...]. CONFORM_DTYPES (default "float16 bfloat16 float32"); SWEEP_DIRS=bwd-weight (say) times one direction; SWEEP_LOG=0 keeps only the sweeps' JSON
-#   (the device tool returns at most 8 files). The v5 evidence (docs/performance/h100-igemm-tc/v5) came from
-#   CONFORM_DTYPES="float16 bfloat16 float32 float64" ... tests conform racecheck, then
+#   [bench-float16 ...]. CONFORM_DTYPES (default "float16 bfloat16 float32"); SWEEP_DIRS=bwd-weight (say) times one
+#   direction; SWEEP_LOG=0 keeps only the sweeps' JSON (the device tool returns at most 8 files). The v5 evidence
+#   (docs/performance/h100-igemm-tc/v5) came from CONFORM_DTYPES="float16 bfloat16 float32 float64" ... tests
+#   conform racecheck, then
 #   SWEEP_LOG=0 SWEEPS="float16:v4,auto bfloat16:v4,auto float32:v4,auto" SWEEP_BUDGET=150 ... sweep.
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -35,7 +36,8 @@ if has sweep; then  # SWEEPS: dtype:tiles items (tiles: auto and/or cuda.TC_TILE
   for item in ${SWEEPS:-float16:auto,128x128,128x64,64x128 float32:auto,128x128,128x64,64x128}; do
     dt=${item%%:*}; tiles=${item#*:}
     timeout ${SWEEP_S:-150} python3 scripts/gpu/igemm_tc.py --budget ${SWEEP_BUDGET:-100} --dtypes $dt \
-      --tiles $tiles ${SWEEP_ROWS:+--rows $SWEEP_ROWS} ${SWEEP_DIRS:+--dirs $SWEEP_DIRS} --out "$OUT/sweep-$dt.json" > "/tmp/sweep-$dt.txt" 2>&1
+      --tiles $tiles ${SWEEP_ROWS:+--rows $SWEEP_ROWS} ${SWEEP_DIRS:+--dirs $SWEEP_DIRS} --out "$OUT/sweep-$dt.json" \
+      > "/tmp/sweep-$dt.txt" 2>&1
     [ "${SWEEP_LOG:-1}" = 0 ] || cp "/tmp/sweep-$dt.txt" "$OUT/"
     echo "== sweep $dt ($(( $(date +%s) - T0 )) s)"; cut -c1-420 "/tmp/sweep-$dt.txt"
   done

@@ -7,29 +7,14 @@ tile's swizzle fix). Both from the same processes. cuDNN: the median of every cu
 measured for the cell (it moved up to 4x, once 14x, between processes), the same for before and after.
 """
 import json
-import math
 import pathlib
 import statistics
+import sys
 
 HERE = pathlib.Path(__file__).parent
-DIRS = ("fwd", "bwd-data", "bwd-weight")
-DTYPES = ("float16", "bfloat16", "float32")
+sys.path.insert(0, str(HERE.parent))
+from sweeps import DTYPES, load, table  # noqa: E402
 NARROW = ("resnet50-stem", "deepbench-speech-c1")
-
-
-def load(path, entry):
-    out = {}
-    for r in json.loads(path.read_text())["rows"]:
-        for d in DIRS:
-            ms = r["ms"].get(entry, {}).get(d)
-            if ms:
-                out[(r["row"], r["dtype"], d)] = (r["ms"]["cudnn"][d], ms)
-    return out
-
-
-def gm(xs):
-    return math.exp(sum(map(math.log, xs)) / len(xs))
-
 
 before, after = {}, {}
 for dt in DTYPES:
@@ -47,13 +32,7 @@ for p in sorted(sweeps):
         runs.append(load(p, "cudnn"))
 cudnn = {k: statistics.median([r[k][0] for r in runs if k in r]) for k in after}
 
-print(f"{'dtype':9s} {'dir':10s} {'v5':>6s} {'v6':>6s} {'speed-up':>8s}   (cuDNN ms / igemm-tc ms, geomean over 14 rows)")
-for dt in DTYPES + ("all",):
-    for d in DIRS + ("all",):
-        keys = [k for k in after if (dt == "all" or k[1] == dt) and (d == "all" or k[2] == d)]
-        b = gm([cudnn[k] / before[k][1] for k in keys])
-        a = gm([cudnn[k] / after[k][1] for k in keys])
-        print(f"{dt:9s} {d:10s} {b:6.2f} {a:6.2f} {gm([before[k][1] / after[k][1] for k in keys]):7.2f}x")
+table(before, after, cudnn, "v5", "v6")
 print(f"\ncuDNN pooled over {len(runs)} sweeps. Cells that moved by more than 10%: v5 ms -> v6 ms (cuDNN ms, v6 ratio)")
 for k in sorted(after):
     if abs(before[k][1] / after[k][1] - 1) > 0.1:

@@ -1,0 +1,33 @@
+"""Shared by the versions' compare.py: load a sweep (`scripts/gpu/igemm_tc.py` JSON), the geomean, the table."""
+import json
+import math
+
+DIRS = ("fwd", "bwd-data", "bwd-weight")
+DTYPES = ("float16", "bfloat16", "float32")
+
+
+def load(path, entry):
+    """{(row, dtype, direction): (cuDNN ms, ``entry``'s ms)} of one sweep file, cells ``entry`` timed."""
+    out = {}
+    for r in json.loads(path.read_text())["rows"]:
+        for d in DIRS:
+            ms = r["ms"].get(entry, {}).get(d)
+            if ms:
+                out[(r["row"], r["dtype"], d)] = (r["ms"]["cudnn"][d], ms)
+    return out
+
+
+def gm(xs):
+    return math.exp(sum(map(math.log, xs)) / len(xs))
+
+
+def table(before, after, cudnn, old, new):
+    """Per dtype and direction (and all): cuDNN ms / ms geomean before and after, and the speed-up."""
+    print(f"{'dtype':9s} {'dir':10s} {old:>6s} {new:>6s} {'speed-up':>8s}   (cuDNN ms / igemm-tc ms, geomean over "
+          f"14 rows)")
+    for dt in DTYPES + ("all",):
+        for d in DIRS + ("all",):
+            keys = [k for k in after if (dt == "all" or k[1] == dt) and (d == "all" or k[2] == d)]
+            b = gm([cudnn[k] / before[k][1] for k in keys])
+            a = gm([cudnn[k] / after[k][1] for k in keys])
+            print(f"{dt:9s} {d:10s} {b:6.2f} {a:6.2f} {gm([before[k][1] / after[k][1] for k in keys]):7.2f}x")
