@@ -114,55 +114,68 @@ PC_DEVICE void pc_tc_mma_frags(float (&acc)[PC_TC_MT][PC_TC_NT][4], const unsign
                          : "r"(a[i][0]), "r"(a[i][1]), "r"(a[i][2]), "r"(a[i][3]), "r"(b[j][0]), "r"(b[j][1]));
 }
 
+/* Note [TF32 ldmatrix]: ldmatrix moves 8 x 8 blocks of 16-bit elements, and a TF32 row of 4 words is 8 of them: one
+ * ldmatrix.x4 at rows l % 16, words 4 (l / 16) gives lane (g, t) words A[g][t], A[g + 8][t], A[g][t + 4],
+ * A[g + 8][t + 4], the m16n8k8 TF32 A fragment (as CUTLASS loads it), and likewise two n8 B fragments; the 80-byte
+ * TF32 rows keep the eight row addresses on distinct 4-bank groups. v7: one load where four 32-bit loads were (a
+ * 128 x 64 step of the register-buffered vector mode: 204 -> 181 SASS instructions for 16 mma, before the ring of
+ * Note [async stages] added its roundings). PC_TC_V6 = 1: v6's TF32 (32-bit fragment loads, no ring), for before /
+ * after measurements. */
+#ifndef PC_TC_V6
+#define PC_TC_V6 0
+#endif
+#if PC_DTYPE == 0
+#define PC_TC_KW 16 /* 32-bit words of a step's row: 16 floats (two m16n8k8), or 16 halves (one m16n8k16) */
+#define PC_TC_FRAG_LDSM (PC_TC_LDSM && !PC_TC_V6)
+#else
+#define PC_TC_KW 8
+#define PC_TC_FRAG_LDSM PC_TC_LDSM
+#endif
+PC_DEVICE void pc_tc_round(unsigned &w) { w = pc_tc_word(__uint_as_float(w)); }
+
 /* One k-step (16 of the reduction) of a warp's tile from shared rows A (M-major; Sw: Note [A swizzle], of the tile's
- * rows: A starts at the warp's row wm, which the 16-row warp tiles of Note [narrow tiles] leave odd in 16s) and B. */
-template <bool Sw>
+ * rows: A starts at the warp's row wm, which the 16-row warp tiles of Note [narrow tiles] leave odd in 16s) and B.
+ * Round: TF32 operands that the ring copied unrounded (Note [async stages]) are rounded in the fragments. */
+template <bool Sw, bool Round = false>
 PC_DEVICE void pc_tc_mma(float (&acc)[PC_TC_MT][PC_TC_NT][4], const unsigned (*A)[PC_TC_LDW],
                          const unsigned (*B)[PC_TC_LDW], int g, int t, int wm = 0) {
-#if PC_DTYPE == 0
+    const int l = 4 * g + t;
 #pragma unroll
-    for (int kk = 0; kk < PC_BK; kk += 8) {
+    for (int kw = 0; kw < PC_TC_KW; kw += 8) {
         unsigned a[PC_TC_MT][4], b[PC_TC_NT][2];
+        if (Sw || !PC_TC_FRAG_LDSM) {
 #pragma unroll
-        for (int i = 0; i < PC_TC_MT; ++i) { /* Note [A swizzle]: rows 16i + g and 16i + g + 8 */
-            const int t0 = kk + (Sw ? t ^ pc_tc_sw(wm + 16 * i) : t), t1 = kk + (Sw ? t ^ pc_tc_sw(wm + 16 * i + 8) : t);
-            a[i][0] = A[16 * i + g][t0], a[i][1] = A[16 * i + g + 8][t1];
-            a[i][2] = A[16 * i + g][t0 + 4], a[i][3] = A[16 * i + g + 8][t1 + 4];
+            for (int i = 0; i < PC_TC_MT; ++i) { /* Note [A swizzle]: rows 16i + g and 16i + g + 8 */
+                const int t0 = kw + (Sw ? t ^ pc_tc_sw(wm + 16 * i) : t);
+                const int t1 = kw + (Sw ? t ^ pc_tc_sw(wm + 16 * i + 8) : t);
+                a[i][0] = A[16 * i + g][t0], a[i][1] = A[16 * i + g + 8][t1];
+                a[i][2] = A[16 * i + g][t0 + 4], a[i][3] = A[16 * i + g + 8][t1 + 4];
+            }
+        } else { /* Note [ldmatrix], Note [TF32 ldmatrix]: lane l names row l % 16 (A), words 4 (l / 16) of the k block */
+#pragma unroll
+            for (int i = 0; i < PC_TC_MT; ++i) pc_ldsm4(a[i], &A[16 * i + (l & 15)][kw + 4 * (l >> 4)]);
         }
-#pragma unroll
-        for (int j = 0; j < PC_TC_NT; ++j) b[j][0] = B[8 * j + g][kk + t], b[j][1] = B[8 * j + g][kk + t + 4];
-        pc_tc_mma_frags(acc, a, b);
-    }
-#else
-    unsigned a[PC_TC_MT][4], b[PC_TC_NT][2];
-    if (Sw || !PC_TC_LDSM) {
-#pragma unroll
-        for (int i = 0; i < PC_TC_MT; ++i) { /* Note [A swizzle]: rows 16i + g and 16i + g + 8 */
-            const int t0 = Sw ? t ^ pc_tc_sw(wm + 16 * i) : t, t1 = Sw ? t ^ pc_tc_sw(wm + 16 * i + 8) : t;
-            a[i][0] = A[16 * i + g][t0], a[i][1] = A[16 * i + g + 8][t1];
-            a[i][2] = A[16 * i + g][t0 + 4], a[i][3] = A[16 * i + g + 8][t1 + 4];
-        }
-    } else { /* Note [ldmatrix]: lane l names row l % 16 (A) of the 16 x 16 block, half l / 16 of the step */
-        const int l = 4 * g + t;
-#pragma unroll
-        for (int i = 0; i < PC_TC_MT; ++i) pc_ldsm4(a[i], &A[16 * i + (l & 15)][4 * (l >> 4)]);
-    }
-#if PC_TC_NT % 2 == 0 && PC_TC_LDSM /* two n8 blocks a load: lane l names column l % 8 + 8 (l / 16), half l / 8 % 2 */
-    {
-        const int l = 4 * g + t;
+#if PC_TC_NT % 2 == 0 && PC_TC_FRAG_LDSM /* two n8 blocks a load: lane l names column l % 8 + 8 (l / 16), words
+                                           * 4 (l / 8 % 2) */
 #pragma unroll
         for (int j = 0; j < PC_TC_NT; j += 2) {
             unsigned q[4];
-            pc_ldsm4(q, &B[8 * j + (l & 7) + 8 * (l >> 4)][4 * ((l >> 3) & 1)]);
+            pc_ldsm4(q, &B[8 * j + (l & 7) + 8 * (l >> 4)][kw + 4 * ((l >> 3) & 1)]);
             b[j][0] = q[0], b[j][1] = q[1], b[j + 1][0] = q[2], b[j + 1][1] = q[3];
         }
-    }
 #else
 #pragma unroll
-    for (int j = 0; j < PC_TC_NT; ++j) b[j][0] = B[8 * j + g][t], b[j][1] = B[8 * j + g][t + 4];
+        for (int j = 0; j < PC_TC_NT; ++j) b[j][0] = B[8 * j + g][kw + t], b[j][1] = B[8 * j + g][kw + t + 4];
 #endif
-    pc_tc_mma_frags(acc, a, b);
-#endif
+        if (Round && PC_DTYPE == 0) {
+#pragma unroll
+            for (int i = 0; i < PC_TC_MT; ++i) pc_tc_round(a[i][0]), pc_tc_round(a[i][1]), pc_tc_round(a[i][2]),
+                                               pc_tc_round(a[i][3]);
+#pragma unroll
+            for (int j = 0; j < PC_TC_NT; ++j) pc_tc_round(b[j][0]), pc_tc_round(b[j][1]);
+        }
+        pc_tc_mma_frags(acc, a, b);
+    }
 }
 
 #define PC_TC_VP (PC_BK / PC_TC_VE)          /* vectors per row of a step */
@@ -171,8 +184,11 @@ PC_DEVICE void pc_tc_mma(float (&acc)[PC_TC_MT][PC_TC_NT][4], const unsigned (*A
 #define PC_TC_VEC (PC_TC_BM * PC_TC_VP % PC_NT == 0 && PC_TC_LDSM) /* this tile takes them (not 64-row 16-bit) */
 
 /* The tile's shared memory, one allocation per kernel whichever instantiations of the run function it holds. */
-#define PC_TC_ASYNC (PC_TC_VEC && PC_DTYPE != 0) /* Note [async stages]: the 16-bit vector modes */
-#define PC_TC_NBUF (PC_TC_ASYNC ? 4 : 2)            /* shared buffers: stages of the ring, or the double buffer */
+#define PC_TC_ASYNC (PC_TC_VEC && (PC_DTYPE != 0 || !PC_TC_V6)) /* Note [async stages]: the vector modes */
+#define PC_TC_STAGE_BYTES ((PC_TC_BM + PC_TC_BN) * PC_TC_LDW * 4)
+/* shared buffers: the ring's stages, as many as 48 KB of static shared memory holds up to 4 (16-bit: 4; TF32: 3, and 2
+ * for 128 x 128), or the double buffer */
+#define PC_TC_NBUF (!PC_TC_ASYNC ? 2 : 4 * PC_TC_STAGE_BYTES <= 49152 ? 4 : 3 * PC_TC_STAGE_BYTES <= 49152 ? 3 : 2)
 struct pc_tc_smem { /* 16-byte aligned rows: Note [vector gathers], Note [ldmatrix] */
     alignas(16) unsigned A[PC_TC_NBUF][PC_TC_BM][PC_TC_LDW];
     alignas(16) unsigned B[PC_TC_NBUF][PC_TC_BN][PC_TC_LDW];
@@ -286,11 +302,14 @@ struct pc_vec_cursor : pc_cursor<Op, true, PC_TC_VA> {
     }
 };
 
-/* Note [async stages]: the 16-bit vector modes copy global to shared with cp.async (16 bytes, zero-filled when the
+/* Note [async stages]: the vector modes copy global to shared with cp.async (16 bytes, zero-filled when the
  * source is out of bounds: src-size 0), no registers on the way, into a ring of PC_TC_NBUF stage buffers: stages k+1
  * .. k+NBUF-1 are in flight while step k multiplies, where the double buffer had one step of loads in flight, its
  * latency exposed behind 8-16 mma a warp (Nsight Compute on v4: a step took ~1600 cycles on resnet50-l1-3x3-bf16-cl).
- * Element-wise B (Mode 3) keeps the register double buffer one step ahead, written into the ring's stage. */
+ * Element-wise B (Mode 3) keeps the register double buffer one step ahead, written into the ring's stage. v7: TF32
+ * too (v6 kept its register double buffer, rounding when it stored): the floats land unrounded and the fragments are
+ * rounded after their loads (pc_tc_mma's Round; rounding a rounded B element again changes nothing); 3 stages of its
+ * 80-byte rows fit 48 KB at 128 x 64, 2 at 128 x 128. */
 PC_DEVICE void pc_cp16(void *dst, const void *src, bool ok) {
     const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(ok ? 16 : 0));
@@ -416,7 +435,7 @@ PC_DEVICE void pc_tc_epilogue(const Op &op, const float (&acc)[PC_TC_MT][PC_TC_N
 }
 
 #if PC_TC_ASYNC
-/* Note [async stages]: Modes 3 (VB false) and 4 of the 16-bit types. */
+/* Note [async stages]: Modes 3 (VB false) and 4. */
 template <class Op, bool VB>
 PC_DEVICE void pc_igemm_tc_async(const Op &op, pc_idx M, pc_idx NC, pc_idx rbeg, pc_idx rend) {
     auto &As = pc_tc_shared().A;
@@ -467,7 +486,7 @@ PC_DEVICE void pc_igemm_tc_async(const Op &op, pc_idx M, pc_idx NC, pc_idx rbeg,
             bcur.next(op, rows);
             bcur.template fetch<pc_tc_e, PC_TC_BJ>(op, rows, cols, rb, rb);
         }
-        pc_tc_mma<false>(acc, As[buf] + wm, Bs[buf] + wn, g, t);
+        pc_tc_mma<false, true>(acc, As[buf] + wm, Bs[buf] + wn, g, t);
         if (bnext) {
 #pragma unroll
             for (int j = 0; j < PC_TC_BJ; ++j) pc_tc_stage(Bs[(k + 1) % S][lq + PC_LQ * j], rr, rb[j]);

@@ -92,6 +92,12 @@ def test_tensor_core_tiles(monkeypatch):
     assert cuda.tc_tile(100352, 256, 132) == cuda.TC_TILES["128x128"]
     assert cuda.tc_tile(901_600, 1, 132) == cuda.TC_TILES["128x16"]  # deepbench-speech-c1's backward-data phases
     assert cuda.tc_tile(401_408, 17, 132) == cuda.TC_TILES["128x64"]
+    # Note [tile rule]: TF32 forward / backward-data (ring of 3 stages at 128 x 64, 2 at 128 x 128) and reductions
+    # of under 8 steps (resnet50-1x1-expand's forward, 64 long) take 128 x 64 where 128 x 128 would be chosen
+    assert cuda.tc_tile(100352, 256, 132, reduction=576) == cuda.TC_TILES["128x128"]
+    assert cuda.tc_tile(100352, 256, 132, reduction=576, tf32_ring=True) == cuda.TC_TILES["128x64"]
+    assert cuda.tc_tile(100352, 256, 132, reduction=64) == cuda.TC_TILES["128x64"]
+    assert cuda.tc_tile(64, 1152, 132, reduction=64, tf32_ring=True) == cuda.TC_TILES["64x128"]
     monkeypatch.setenv(cuda.TC_TILE_ENV, "64x128")
     assert cuda.tc_tile(100352, 256, 132) == cuda.TC_TILES["64x128"]
     assert cuda.sm_version("sm_90a") == 90 and cuda.sm_version("gfx90a") == 0

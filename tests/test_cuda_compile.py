@@ -68,11 +68,12 @@ def test_nvcc_builds_every_kernel(nvcc):
           for bm, bn, wm in cuda.TC_TILES.values()]
     jobs += [("igemm.cu", a, {"PC_DTYPE": dt, "PC_INDEX64": 0, **t}) for a in ARCHS for dt in (0, 2, 3) for t in tc]
     jobs += [("igemm.cu", "sm_90", {"PC_DTYPE": 2, "PC_INDEX64": 1, **tc[0]})]
+    jobs += [("igemm.cu", "sm_90", {"PC_DTYPE": 0, "PC_INDEX64": 0, "PC_TC_V6": 1, **t}) for t in tc]  # v6's TF32
     with tempfile.TemporaryDirectory() as tmp, concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 2) as ex:
         results = list(ex.map(lambda j: _compile(nvcc, *j, tmp), jobs))
     failures = [f"{cmd}\n{err}" for cmd, rc, err in results if rc != 0 or "warning" in err.lower()]
     assert not failures, "\n\n".join(failures)
-    assert len(results) == len(ENTRIES) * (len(ARCHS) * 4 + 1) + len(ARCHS) * 3 * len(tc) + 1
+    assert len(results) == len(ENTRIES) * (len(ARCHS) * 4 + 1) + len(ARCHS) * 3 * len(tc) + 1 + len(tc)
 
 
 def test_sources_are_self_contained():
@@ -336,7 +337,7 @@ def test_igemm_tc_host_path_on_cpu(emu_backend, case, monkeypatch):
     """The igemm-tc plan's host path (tile defines, grids, Note [bwd-data phases] kernel) with the emulator's FMA
     tile in place of the tensor cores (PC_TENSOR_CORES stays 0 there; the tile is pinned to the FMA tile's 64x64)."""
     monkeypatch.setenv("PORTCONV_POISON", "1")
-    monkeypatch.setattr(cuda, "tc_tile", lambda m, n, units: (64, 64, 2))
+    monkeypatch.setattr(cuda, "tc_tile", lambda *a, **k: (64, 64, 2))
     for dtype in (torch.float64, torch.bfloat16):
         x, w, b, problem, choice, go, ref = _setup(emu_backend, case, dtype)
         plan = Plan(problem, BackendId.CUDA, "igemm-tc", choice.memory_format, choice.reason, _DEVICE)
@@ -356,7 +357,7 @@ def test_tn_host_path_on_cpu(emu_backend, case, monkeypatch):
     FLAG_VB for channels-last operands and for NCHW bfloat16 ones after staging (stage_pays overruled), not for NCHW
     float64 (only 16-bit operands are staged for it); all four results match the float64 reference."""
     monkeypatch.setenv("PORTCONV_POISON", "1")
-    monkeypatch.setattr(cuda, "tc_tile", lambda m, n, units: (64, 64, 2))
+    monkeypatch.setattr(cuda, "tc_tile", lambda *a, **k: (64, 64, 2))
     monkeypatch.setattr(cuda, "stage_pays", lambda macs, elems, direction: bool(elems))
     launches = spy_launches(monkeypatch)
     vec = cuda.FLAG_VA | cuda.FLAG_VB

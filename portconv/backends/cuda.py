@@ -32,6 +32,7 @@ TC_TILES = {"128x128": (128, 128, 2), "128x64": (128, 64, 4), "64x128": (64, 128
 TC_TILE_ENV = "PORTCONV_CUDA_IGEMM_TC_TILE"  # force one TC_TILES entry for every launch (experiments)
 TC_V4_ENV = "PORTCONV_CUDA_IGEMM_TC_V4"  # "1": the v4 tile (no ldmatrix, no vector gathers; before/after timings)
 TC_V5_ENV = "PORTCONV_CUDA_IGEMM_TC_V5"  # "1": the v5 kernels (weight gradient without Note [TN tiles]; before/after)
+TC_V6_ENV = "PORTCONV_CUDA_IGEMM_TC_V6"  # "1": v6 (TF32 without Note [TF32 ldmatrix] and its ring, v6's tile rule)
 THREADS = 256
 DW_TAPS = 9  # PC_DW_TAPS of cuda/conv_depthwise.cuh
 DW_V = 4  # PC_DW_V of cuda/conv_depthwise_rows.cuh: outputs per thread along the last spatial axis
@@ -111,8 +112,9 @@ def tensor_core_mma(dtype: str, device: DeviceInfo, kernel_set: str, tf32: bool)
 # Note [narrow tiles]: backward-data's GEMM has C/G columns, so C_in = 1..16 (an image stem, a spectrogram) left a
 # 64-column tile spending 75%-98% of every mma on padding columns (v6: deepbench-speech-c1's backward-data, C_in = 1,
 # at 0.16x-0.27x cuDNN). GEMMs of up to 16 columns take the 128x16 tile: 8 warps along M, 16 x 16 warp tiles.
-def tc_tile(m: int, n: int, units: int) -> tuple[int, int, int]:
-    """(BM, BN, warps along M) of the tensor-core tile for an M x N GEMM (per group)."""
+def tc_tile(m: int, n: int, units: int, reduction: int = 0, tf32_ring: bool = False) -> tuple[int, int, int]:
+    """(BM, BN, warps along M) of the tensor-core tile for an M x N GEMM (per group) over ``reduction`` terms (0:
+    not said); ``tf32_ring``: a TF32 forward / backward-data, whose vector modes run the cp.async ring (v7)."""
     forced = os.environ.get(TC_TILE_ENV, "")
     if forced in TC_TILES:
         return TC_TILES[forced]
@@ -122,7 +124,12 @@ def tc_tile(m: int, n: int, units: int) -> tuple[int, int, int]:
         return TC_TILES["128x64"]
     if m <= 64:
         return TC_TILES["64x128"]
-    if -(-m // 128) * -(-n // 128) < 2 * max(units, 1):
+    # Note [tile rule] (tile sweep of v7, docs/performance/h100-igemm-tc/v7): TF32's ring holds 3 stages at 128 x 64
+    # and 2 at 128 x 128 (48 KB of shared memory; Note [async stages]), and 128 x 64 ran 1.1x-1.3x faster on the
+    # TF32 rows where 128 x 128 had been chosen (deeplabv3-aspp-d12, wav2vec2-conv1d, resnet50-1x1-expand); a
+    # reduction of under 8 steps is mostly epilogue, which two 128 x 64 blocks per SM overlap with each other's loop
+    # (resnet50-1x1-expand's forward, 64 long: 0.81x-0.82x the time in all three dtypes)
+    if tf32_ring or 0 < reduction < 128 or -(-m // 128) * -(-n // 128) < 2 * max(units, 1):
         return TC_TILES["128x64"]
     return TC_TILES["128x128"]
 
@@ -154,6 +161,7 @@ def choose_for(problem: Problem, device: DeviceInfo, kernel_set: str = "CUDA", t
                       f"plain: one output per thread, {DW_TAPS} weight-gradient taps per block){idx}", math)
     if p.groups == 1:
         dims = igemm_dims(problem)
+        kind = "dense (groups = 1)"
         bm, bn, bk = IGEMM_TILE
         too_wide = [d for d, (_, ncol, _) in dims.items() if -(-ncol // bn) > GRID_YZ_MAX]
         if not too_wide:
@@ -161,10 +169,10 @@ def choose_for(problem: Problem, device: DeviceInfo, kernel_set: str = "CUDA", t
             mma = tensor_core_mma(dt, device, kernel_set, tf32)
             if mma:
                 why = f"; TF32 allowed for float32 ({tf32_setting})" if dt == "float32" else ""
-                return Choice("igemm-tc", fmt, f"dense (groups = 1): implicit GEMM M={m} N={n} K={k} on tensor "
+                return Choice("igemm-tc", fmt, f"{kind}: implicit GEMM M={m} N={n} K={k} on tensor "
                               f"cores, {mma} (Note [tensor-core implicit GEMM]){why}{idx}",
                               "tf32" if dt == "float32" else math)
-            return Choice("implicit_gemm", fmt, f"dense (groups = 1): implicit GEMM M={m} N={n} K={k} in "
+            return Choice("implicit_gemm", fmt, f"{kind}: implicit GEMM M={m} N={n} K={k} in "
                           f"{bm}x{bn}x{bk} shared-memory tiles{idx}", math)
         why = f"implicit GEMM's {too_wide[0]} grid would exceed {GRID_YZ_MAX} column tiles"
     else:
@@ -508,6 +516,7 @@ class _Run:
         self._item = 8 if pr.dtype == "float64" else 4 if pr.dtype == "float32" else 2
         self.v4 = os.environ.get(TC_V4_ENV) == "1"  # read when the launches are recorded (Note [replayed launches])
         self.v5 = self.v4 or os.environ.get(TC_V5_ENV) == "1"
+        self.v6 = self.v5 or os.environ.get(TC_V6_ENV) == "1"
         self.flags = FLAG_CL if plan.memory_format != "contiguous" else 0
         self.dw = depthwise_kernels(self.view, bool(self.flags)) if self.alg == "depthwise" else {}
         self.rec: _replay.Recording | None = None  # Note [replayed launches]
@@ -535,14 +544,18 @@ class _Run:
     def _launch(self, name: str, grid, args, extra: dict | None = None) -> None:
         self.io.launch(self._fn(name, extra), grid, THREADS, args)
 
-    def _igemm_tile(self, m: int, n: int) -> tuple[int, int, dict | None]:
-        """(BM, BN, extra defines) of the implicit GEMM tile for an M x N GEMM: the FMA tile, or a tensor-core one."""
+    def _igemm_tile(self, m: int, n: int, reduction: int = 0, weight: bool = False) -> tuple[int, int, dict | None]:
+        """(BM, BN, extra defines) of the implicit GEMM tile for an M x N GEMM over ``reduction`` terms (``weight``:
+        the weight gradient's): the FMA tile, or a tensor-core one (Note [tile rule])."""
         if self.alg != "igemm-tc":
             return IGEMM_TILE[0], IGEMM_TILE[1], None
-        bm, bn, wm = tc_tile(m, n, self.units)
+        new = not self.v6
+        bm, bn, wm = tc_tile(m, n, self.units, reduction if new else 0, new and self._item == 4 and not weight)
         extra = {"PC_TENSOR_CORES": 1, "PC_TC_BM": bm, "PC_TC_BN": bn, "PC_TC_WM": wm}
         if self.v4:
             extra["PC_TC_LDSM"] = 0
+        elif self.v6:
+            extra["PC_TC_V6"] = 1
         return bm, bn, extra
 
     def _vector_flags(self, a=None, b=None, b_axis: int = 1) -> int:
@@ -600,7 +613,7 @@ class _Run:
         v = self.view
         name, extra = f"{PREFIX[self.alg]}_fwd", None
         if self.alg in IGEMM_ALGS:
-            bm, bn, extra = self._igemm_tile(v.y_positions, v.K // v.G)
+            bm, bn, extra = self._igemm_tile(v.y_positions, v.K // v.G, v.C // v.G * v.taps)
             grid = (-(-v.y_positions // bm), -(-(v.K // v.G) // bn), v.G)
             if self._stages(v.C // v.G, bm):  # Note [channels-last staging]
                 sx, sw = self._to_stage("fwd", v.y_positions * v.K * v.C * v.taps, x, w)
@@ -627,7 +640,7 @@ class _Run:
         if phases:  # Note [bwd-data phases]
             name += "_phase"
             phase0 = v.N * -(-v.X[0] // v.S[0]) * -(-v.X[1] // v.S[1]) * -(-v.X[2] // v.S[2])
-            bm, bn, extra = self._igemm_tile(phase0, v.C // v.G)
+            bm, bn, extra = self._igemm_tile(phase0, v.C // v.G, v.K // v.G * v.taps // math.prod(v.S))
             grid = (-(-phase0 // bm), -(-(v.C // v.G) // bn), v.G * v.S[0] * v.S[1] * v.S[2])
             if self._stages(v.K // v.G, bm):  # Note [channels-last staging]
                 # W's K is contiguous in no dense layout: a dense W (K outermost, KCRS or KRSC) is staged whenever
@@ -645,7 +658,7 @@ class _Run:
                                          (1,) + tuple(v.K * s for s in wst[1:]), extra)
             flags = self._vector_flags(dy, w, b_axis=0)
         elif self.alg in IGEMM_ALGS:
-            bm, bn, extra = self._igemm_tile(positions, v.C // v.G)
+            bm, bn, extra = self._igemm_tile(positions, v.C // v.G, v.K // v.G * v.taps)
             grid = (-(-positions // bm), -(-(v.C // v.G) // bn), v.G)
         elif self.dw.get("bwd_data", "plain") != "plain":
             name += "_" + self.dw["bwd_data"]
@@ -665,7 +678,7 @@ class _Run:
         extra, flags = None, 0
         if self.alg in IGEMM_ALGS:
             bk = IGEMM_TILE[2]
-            bm, bn, extra = self._igemm_tile(kg, cg * v.taps)
+            bm, bn, extra = self._igemm_tile(kg, cg * v.taps, total, weight=True)
             tiles = (-(-kg // bm), -(-(cg * v.taps) // bn))
             splits, chunk = _splits(tiles[0] * tiles[1] * v.G, total, 32 * bk, self.units, count, bk)
             splits = min(splits, GRID_YZ_MAX // v.G)

@@ -5,7 +5,8 @@ against cuDNN on the suite's dense rows, per direction, same process, same data 
         --out $OUT/sweep.json [--budget 90]
 
 Tile `v4` is the auto tile with PORTCONV_CUDA_IGEMM_TC_V4=1 (the v4 kernel: no ldmatrix, no vector gathers), `v5`
-the auto tile with PORTCONV_CUDA_IGEMM_TC_V5=1 (the v5 kernels: weight gradient without Note [TN tiles]).
+the auto tile with PORTCONV_CUDA_IGEMM_TC_V5=1 (the v5 kernels: weight gradient without Note [TN tiles]), `v6` with
+PORTCONV_CUDA_IGEMM_TC_V6=1 (v6: TF32 without Note [TF32 ldmatrix] and the cp.async ring, v6's tile rule).
 
 float32 runs under torch's default conv precision (TF32 allowed), so cuDNN and igemm-tc both use TF32.
 """
@@ -48,7 +49,8 @@ def main() -> int:
     rows = select(rows, a.rows)
     dev = torch.device("cuda", 0)
     dirs = tuple(d for d in DIRS if d in a.dirs.split(","))
-    knobs = {"v4": cuda.TC_V4_ENV, "v5": cuda.TC_V5_ENV}  # earlier kernel versions, for before / after
+    # earlier kernel versions, for before / after
+    knobs = {"v4": cuda.TC_V4_ENV, "v5": cuda.TC_V5_ENV, "v6": cuda.TC_V6_ENV}
     t0, out = time.time(), []
     for dtype in a.dtypes.split(","):
         for row in rows:

@@ -29,7 +29,8 @@ echo "correctness: $(( $(date +%s) - T0 )) s"
 for f in pytest-cuda conform; do [ -f "$OUT/$f.txt" ] && { echo "== $f"; tail -n 25 "$OUT/$f.txt"; }; done
 if has racecheck; then  # the vector-gather and staging paths (Note [vector gathers], Note [channels-last staging])
   timeout 100 compute-sanitizer --tool racecheck --print-limit 5 python3 -m pytest -q -p no:cacheprovider \
-    --backend cuda tests/test_cuda.py -k "(vector_gathers or staging) and (dtype0 or dtype1)" > "$OUT/racecheck.txt" 2>&1
+    --backend cuda tests/test_cuda.py -k "${RACE_K:-(vector_gathers or staging) and (dtype0 or dtype1)}" \
+    > "$OUT/racecheck.txt" 2>&1
   echo "== racecheck"; tail -n 2 "$OUT/racecheck.txt"
 fi
 if has sweep; then  # SWEEPS: dtype:tiles items (tiles: auto and/or cuda.TC_TILES names)
