@@ -38,7 +38,10 @@ RULE_TABLE = [
     ((8, 64, 56, 56), (64, 64, 3, 3), dict(padding=1), "float32", "implicit_gemm", "M=25088 N=64 K=576"),
     ((4, 3, 16), (8, 3, 5), dict(padding="same"), "float64", "implicit_gemm", "implicit GEMM"),
     ((2, 16, 7, 7), (16, 8, 4, 4), dict(stride=2, transposed=True), "float32", "implicit_gemm", "M="),
-    ((2, 32, 14, 14), (64, 8, 3, 3), dict(groups=4, padding=1), "float32", "direct", "groups = 4"),
+    # Note [grouped implicit GEMM]: 8 / 16 channels a group run the per-group GEMMs; ResNeXt's 4 stay direct
+    ((2, 32, 14, 14), (64, 8, 3, 3), dict(groups=4, padding=1), "float32", "implicit_gemm", "8 / 16 channels a group"),
+    ((2, 128, 14, 14), (128, 4, 3, 3), dict(groups=32, padding=1), "float32", "direct", "under 8 channels a group"),
+    ((2, 64, 9), (64, 8, 5), dict(groups=8, transposed=True), "float32", "implicit_gemm", "groups = 8, 8 / 8"),
     ((2, 16, 7, 7), (16, 1, 3, 3), dict(groups=16, transposed=True), "float32", "direct", "not depthwise"),
 ]
 
@@ -67,7 +70,9 @@ TC_TABLE = [  # (input, weight, kwargs, dtype, tf32 allowed, algorithm, words)
     ((8, 64, 56, 56), (64, 64, 3, 3), dict(padding=1), "float32", True, "igemm-tc", "tf32 m16n8k8"),
     ((8, 64, 56, 56), (64, 64, 3, 3), dict(padding=1), "float32", False, "implicit_gemm", "shared-memory tiles"),
     ((4, 3, 16), (8, 3, 5), dict(padding="same"), "float64", True, "implicit_gemm", "shared-memory tiles"),
-    ((2, 32, 14, 14), (64, 8, 3, 3), dict(groups=4, padding=1), "float16", True, "direct", "groups = 4"),
+    ((2, 32, 14, 14), (64, 8, 3, 3), dict(groups=4, padding=1), "float16", True, "igemm-tc", "groups = 4, 8 / 16"),
+    ((2, 64, 7, 7), (64, 16, 3, 3), dict(groups=4, padding=1), "float32", True, "igemm-tc", "tf32 m16n8k8"),
+    ((2, 128, 14, 14), (128, 4, 3, 3), dict(groups=32, padding=1), "float16", True, "direct", "groups = 32"),
 ]
 
 
@@ -138,6 +143,7 @@ GPU_CASES = [  # (input, weight, conv kwargs, layout)
     ((1, 4, 6, 7, 8), (6, 4, 3, 3, 3), dict(padding=1, stride=(1, 2, 2)), "chlast"),
     ((2, 12, 9, 9), (12, 8, 4, 4), dict(stride=2, padding=1, output_padding=1, transposed=True), "contig"),
     ((3, 8, 40, 40), (16, 1, 5, 5), dict(padding=2, groups=8), "contig"),
+    ((2, 32, 11, 11), (48, 16, 3, 3), dict(padding=1, groups=2), "chlast"),  # Note [grouped implicit GEMM]
 ]
 
 
@@ -485,6 +491,46 @@ def test_tensor_core_channels_last_staging(gpu, case, dtype, monkeypatch, tf32_c
     assert all(torch.equal(a, k) for a, k in zip((x, w, go), keep))
     assert staged, "no operand was staged"
     assert any(f & cuda.FLAG_VA and f & cuda.FLAG_VB for f in flags), flags
+
+
+GROUPED_CASES = [  # Note [grouped implicit GEMM]: 8+ channels a group; vectors where a group's channels come in 16s
+    ((2, 32, 9, 9), (64, 16, 3, 3), dict(padding=1, groups=2), "chlast"),  # vector A, B; TN weight gradient
+    ((2, 48, 37), (48, 8, 5), dict(padding=2, groups=6), "contig"),  # 8 a group: element gathers, M lanes
+    ((2, 32, 7, 7), (32, 8, 4, 4), dict(stride=2, padding=1, groups=4, transposed=True), "chlast"),  # phases
+    ((2, 48, 499), (48, 16, 32), dict(padding=16, groups=3), "contig"),  # posconv-like: a long kernel
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("case", range(len(GROUPED_CASES)))
+def test_tensor_core_grouped(gpu, case, dtype, monkeypatch, tf32_conv):
+    """Note [grouped implicit GEMM]: grouped problems with 8+ channels a group plan igemm-tc and match float64 in
+    every direction; channels-last ones whose groups' channels come in 16s take the vector modes and the TN tile."""
+    flags = []
+    real = cuda._Run._vector_flags
+
+    def spy(self, *a, **k):
+        flags.append(real(self, *a, **k))
+        return flags[-1]
+
+    monkeypatch.setattr(cuda._Run, "_vector_flags", spy)
+    xs, ws, kw, layout = GROUPED_CASES[case]
+    x, w, b, p = _make(xs, ws, kw, layout, dtype, gpu)
+    clear_cache()
+    plan = portconv.plan(x, w, b, **kw, backend="cuda")
+    assert plan.algorithm == "igemm-tc" and "grouped" in plan.reason, plan.reason
+    go = torch.randn(tuple(plan.problem.output_shape), device=gpu).to(dtype)
+    go = _channels_last(go) if layout == "chlast" else go
+    ref = reference(x, w, b, p, go)
+    be = cuda.CudaBackend()
+    got = (be.forward(plan, x, w, b), *be.backward(plan, go, x, w, (True, True, True)))
+    for name, g_, r in zip(("output", "grad_input", "grad_weight", "grad_bias"), got, ref):
+        assert torch.isfinite(g_).all(), name
+        err = ((g_.double().cpu() - r).norm() / r.norm().clamp_min(1e-30)).item()
+        assert err < TC_TOL[dtype], f"case {case} {dtype} {name}: relative error {err:.3g}"
+    if case == 0:
+        assert any(f & cuda.FLAG_VA for f in flags), flags
+        assert any(f & cuda.FLAG_VA and f & cuda.FLAG_VB for f in flags), flags  # the weight gradient's TN tile
 
 
 TN_CASES = [  # Note [TN tiles]: weight gradients whose dY and X channels come in whole 16-byte vectors
