@@ -399,6 +399,27 @@ def test_tensor_core_every_tile(gpu, tile, dtype, monkeypatch, tf32_conv):
             assert err < TC_TOL[dtype], f"{tile} case {case} {dtype} {name}: relative error {err:.3g}"
 
 
+def _spy_vector_flags(monkeypatch) -> list:
+    """Every FLAG_VA / FLAG_VB result of cuda._Run._vector_flags during the test (Note [vector gathers])."""
+    flags = []
+    real = cuda._Run._vector_flags
+
+    def spy(self, *a, **k):
+        flags.append(real(self, *a, **k))
+        return flags[-1]
+
+    monkeypatch.setattr(cuda._Run, "_vector_flags", spy)
+    return flags
+
+
+def _tc_check(got, ref, dtype, what: str) -> None:
+    """The four results of a tensor-core plan: finite, and within TC_TOL of the float64 reference."""
+    for name, g_, r in zip(("output", "grad_input", "grad_weight", "grad_bias"), got, ref):
+        assert torch.isfinite(g_).all(), f"{what} {name}"
+        err = ((g_.double().cpu() - r).norm() / r.norm().clamp_min(1e-30)).item()
+        assert err < TC_TOL[dtype], f"{what} {dtype} {name}: relative error {err:.3g}"
+
+
 VEC_CASES = [  # Note [vector gathers]: channel counts of A's reduction multiples of 16; edges of every tile
     ((3, 32, 13, 11), (48, 32, 3, 3), dict(padding=1, stride=2)),  # phase bwd-data over 4 phases, K = 48
     ((2, 48, 5, 9, 7), (32, 48, 3, 3, 3), dict(padding=1)),  # taps along depth
@@ -415,14 +436,7 @@ def test_tensor_core_vector_gathers(gpu, case, dtype, w_layout, monkeypatch, tf3
     """Note [vector gathers]: channels-last problems whose reduction channels come in 16s read A (and, forward with a
     channels-last weight, B) 16 bytes at a time: the launches carry FLAG_VA (FLAG_VB), every direction matches
     float64; the same problem from a misaligned address runs the element gathers (no flag) and matches too."""
-    flags = []
-    real = cuda._Run._vector_flags
-
-    def spy(self, *a, **k):
-        flags.append(real(self, *a, **k))
-        return flags[-1]
-
-    monkeypatch.setattr(cuda._Run, "_vector_flags", spy)
+    flags = _spy_vector_flags(monkeypatch)
     xs, ws, kw = VEC_CASES[case]
     x, w, b, p = _make(xs, ws, kw, "chlast", dtype, gpu)
     if w_layout == "chlast":
@@ -439,10 +453,7 @@ def test_tensor_core_vector_gathers(gpu, case, dtype, w_layout, monkeypatch, tf3
         ref = reference(x, w, b, p, go)
         be = cuda.CudaBackend()
         got = (be.forward(plan, x, w, b), *be.backward(plan, go, x, w, (True, True, True)))
-        for name, g_, r in zip(("output", "grad_input", "grad_weight", "grad_bias"), got, ref):
-            assert torch.isfinite(g_).all(), name
-            err = ((g_.double().cpu() - r).norm() / r.norm().clamp_min(1e-30)).item()
-            assert err < TC_TOL[dtype], f"case {case} {dtype} {w_layout} {name} misaligned={misaligned}: {err:.3g}"
+        _tc_check(got, ref, dtype, f"case {case} {w_layout} misaligned={misaligned}")
         used = 0
         for f in flags:
             used |= f
@@ -461,18 +472,13 @@ def test_tensor_core_channels_last_staging(gpu, case, dtype, monkeypatch, tf32_c
     overruled) are first transposed into channel-contiguous workspaces; the launches then carry FLAG_VA and
     FLAG_VB, every direction matches float64, and the caller's tensors are unchanged."""
     monkeypatch.setattr(cuda, "stage_pays", lambda macs, elems, direction: bool(elems))
-    flags, staged = [], []
-    real_flags, real_t = cuda._Run._vector_flags, cuda._Run._transposed
-
-    def spy_flags(self, *a, **k):
-        flags.append(real_flags(self, *a, **k))
-        return flags[-1]
+    flags, staged = _spy_vector_flags(monkeypatch), []
+    real_t = cuda._Run._transposed
 
     def spy_t(self, t, *a, **k):
         staged.append(tuple(t.shape))
         return real_t(self, t, *a, **k)
 
-    monkeypatch.setattr(cuda._Run, "_vector_flags", spy_flags)
     monkeypatch.setattr(cuda._Run, "_transposed", spy_t)
     xs, ws, kw = VEC_CASES[case]
     x, w, b, p = _make(xs, ws, kw, "contig", dtype, gpu)
@@ -484,10 +490,7 @@ def test_tensor_core_channels_last_staging(gpu, case, dtype, monkeypatch, tf32_c
     keep = [t.clone() for t in (x, w, go)]
     be = cuda.CudaBackend()
     got = (be.forward(plan, x, w, b), *be.backward(plan, go, x, w, (True, True, True)))
-    for name, g_, r in zip(("output", "grad_input", "grad_weight", "grad_bias"), got, ref):
-        assert torch.isfinite(g_).all(), name
-        err = ((g_.double().cpu() - r).norm() / r.norm().clamp_min(1e-30)).item()
-        assert err < TC_TOL[dtype], f"case {case} {dtype} {name}: relative error {err:.3g}"
+    _tc_check(got, ref, dtype, f"case {case}")
     assert all(torch.equal(a, k) for a, k in zip((x, w, go), keep))
     assert staged, "no operand was staged"
     assert any(f & cuda.FLAG_VA and f & cuda.FLAG_VB for f in flags), flags
@@ -506,14 +509,7 @@ GROUPED_CASES = [  # Note [grouped implicit GEMM]: 8+ channels a group; vectors 
 def test_tensor_core_grouped(gpu, case, dtype, monkeypatch, tf32_conv):
     """Note [grouped implicit GEMM]: grouped problems with 8+ channels a group plan igemm-tc and match float64 in
     every direction; channels-last ones whose groups' channels come in 16s take the vector modes and the TN tile."""
-    flags = []
-    real = cuda._Run._vector_flags
-
-    def spy(self, *a, **k):
-        flags.append(real(self, *a, **k))
-        return flags[-1]
-
-    monkeypatch.setattr(cuda._Run, "_vector_flags", spy)
+    flags = _spy_vector_flags(monkeypatch)
     xs, ws, kw, layout = GROUPED_CASES[case]
     x, w, b, p = _make(xs, ws, kw, layout, dtype, gpu)
     clear_cache()
@@ -524,10 +520,7 @@ def test_tensor_core_grouped(gpu, case, dtype, monkeypatch, tf32_conv):
     ref = reference(x, w, b, p, go)
     be = cuda.CudaBackend()
     got = (be.forward(plan, x, w, b), *be.backward(plan, go, x, w, (True, True, True)))
-    for name, g_, r in zip(("output", "grad_input", "grad_weight", "grad_bias"), got, ref):
-        assert torch.isfinite(g_).all(), name
-        err = ((g_.double().cpu() - r).norm() / r.norm().clamp_min(1e-30)).item()
-        assert err < TC_TOL[dtype], f"case {case} {dtype} {name}: relative error {err:.3g}"
+    _tc_check(got, ref, dtype, f"grouped case {case}")
     if case == 0:
         assert any(f & cuda.FLAG_VA for f in flags), flags
         assert any(f & cuda.FLAG_VA and f & cuda.FLAG_VB for f in flags), flags  # the weight gradient's TN tile
