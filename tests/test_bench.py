@@ -6,6 +6,7 @@ import math
 import pathlib
 import sys
 import time
+import types
 
 import numpy as np
 import pytest
@@ -115,6 +116,17 @@ def test_rotation_count():
     assert r.sets == 10 and not r.exceeds_cache  # the memory budget wins, and the report says so
     r = timing.rotation(1 << 30, 1 << 29, (50 << 20, "test"), budget_bytes=8 << 30)
     assert r.sets == 2  # never fewer than two sets when memory allows
+
+
+def test_opencl_rotation_fits_one_allocation():
+    """The OpenCL sets are one buffer: the budget never passes the device's CL_DEVICE_MAX_MEM_ALLOC_SIZE (PoCL with a
+    260 MiB reported cache asked for more than its 2 GiB limit and failed with INVALID_BUFFER_SIZE)."""
+    dev = types.SimpleNamespace(max_mem_alloc_size=2 << 30)
+    assert timing.opencl_budget(4 << 30, dev) == 2 << 30
+    assert timing.opencl_budget(1 << 30, dev) == 1 << 30
+    assert timing.opencl_budget(1 << 30, types.SimpleNamespace(max_mem_alloc_size=0)) == 1 << 30
+    r = timing.rotation(10 << 20, 2 << 20, (260 << 20, "test"), timing.opencl_budget(4 << 30, dev))
+    assert r.sets == 204 and r.sets * r.set_bytes <= 2 << 30  # 260 sets wanted, 2 GiB / 10 MiB allowed
 
 
 # --- workloads -------------------------------------------------------------------------------------------------

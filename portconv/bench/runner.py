@@ -227,9 +227,9 @@ def run_row(run: _Run, row: Row, pk: dict | None) -> dict:
     rot_cl, cl_reason = None, None
     if want_cl:
         try:
-            _, _, cl_cache, _, cl_gpu = run.opencl()
-            rot_cl = timing.rotation(lay.set_bytes, min_in, cl_cache,
-                                     run.budget if cl_gpu == (run.device.type == "cuda") else 1 << 30)
+            queue, _, cl_cache, _, cl_gpu = run.opencl()
+            budget = run.budget if cl_gpu == (run.device.type == "cuda") else 1 << 30
+            rot_cl = timing.rotation(lay.set_bytes, min_in, cl_cache, timing.opencl_budget(budget, queue.device))
         except Unsupported as e:
             cl_reason = e.reason
     flat = data.host_random(lay, max(rot.sets, rot_cl.sets if rot_cl else 0), data.row_seed(row.name, o.seed))

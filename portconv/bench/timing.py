@@ -230,6 +230,14 @@ def opencl_cache_bytes(device) -> tuple[int, str]:
     return DEFAULT_CACHE, f"unknown (the OpenCL device reports no cache): assumed {DEFAULT_CACHE >> 20} MiB"
 
 
+def opencl_budget(budget: int, device) -> int:
+    """The rotation budget on an OpenCL device: every set lives in one buffer (data.opencl_sets), so no more than
+    the device allocates at once (CL_DEVICE_MAX_MEM_ALLOC_SIZE). PoCL on a host whose caches it reports as 260 MiB
+    wanted 2 x 260 MiB of inputs in rotation, over its 2 GiB allocation limit with every set's outputs
+    (INVALID_BUFFER_SIZE)."""
+    return min(budget, int(device.max_mem_alloc_size or budget))
+
+
 def memory_budget(device_type: str, device=None) -> int:
     """Bytes the rotated buffer sets of one row may take: a quarter of free memory, at most 4 GiB."""
     free = 0
