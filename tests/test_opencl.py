@@ -388,13 +388,15 @@ def _dw_case(shape, k, stride=1, padding=1, mult=1, n=2, dtype=torch.float32, fm
     return x, w, b, p
 
 
-def _run_all(x, w, b, p, dtype, kernels=DW_KERNELS):
+def _run_all(x, w, b, p, dtype, kernels=DW_KERNELS, go_like_y=False):
     """Forward and all three gradients against the float64 reference; returns the plan and which of ``kernels``
-    were launched how often."""
+    were launched how often. ``go_like_y``: grad_output in the output's strides (else contiguous)."""
     plan = opencl_plan(x, w, b, p)
     before = dict(rt.stats)
     y = plan.forward(x, w, b)
     go = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+    if go_like_y:
+        go = torch.empty_strided(y.shape, y.stride(), dtype=dtype).copy_(go)
     got = plan.backward(go, x, w, (True, True, True))
     ry, *refs = reference(x, w, b, p, go)
     check(y, ry, dtype, "output")
@@ -449,6 +451,58 @@ def test_depthwise_outside_the_specialised_set_runs_the_generic_kernels(why, kw,
     if reason:
         assert reason in plan.reason
     assert launched.get("fwd") == 1 and not launched.get("dw_fwd"), launched
+
+
+DW_CL_EDGES = [  # Note [channels-last depthwise]: (id, shape (C, *spatial), kernel, stride, padding, batch)
+    ("c16-w13", (16, 9, 13), (3, 3), 1, 1, 2),
+    ("c8-2x3-image-pad2", (8, 2, 3), (3, 3), 1, 2, 2),
+    ("c16-stride2-pad0-w20", (16, 9, 20), (3, 3), 2, 0, 1),
+    ("c8-stride2-odd-w11", (8, 7, 11), (3, 3), 2, 1, 2),
+    ("c24-5x5-stride2-pad2", (24, 12, 9), (5, 5), 2, 2, 1),
+    ("c8-3d-3x3x3", (8, 5, 6, 7), (3, 3, 3), 1, 1, 2),
+    ("c16-3d-stride2-pad2", (16, 6, 7, 9), (3, 3, 3), 2, 2, 1),
+]
+CL_KERNELS = DW_KERNELS + ("dw_cl_fwd", "dw_cl_bwd_data", "dw_cl_bwd_weight")
+
+
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("dt", ["f32", "f64", "bf16"])
+@pytest.mark.parametrize("edge", DW_CL_EDGES, ids=lambda e: e[0])
+def test_depthwise_channels_last_kernels(edge, dt, split, monkeypatch):
+    """Note [channels-last depthwise]: channels-last depthwise problems (channels in whole vectors) on the CPU run
+    dw_cl_* in every direction (the grad-weight in one pass, or split over positions with dw_finalize) and match
+    float64."""
+    from portconv.backends import opencl as ob
+
+    monkeypatch.setattr(ob, "dw_splits", lambda *a: 3 if split else 1)
+    _, shape, k, stride, padding, n = edge
+    dtype = DTYPES[dt]
+    x, w, b, p = _dw_case(shape, k, stride, padding, 1, n, dtype, fmt="channels_last")
+    plan, launched = _run_all(x, w, b, p, dtype, CL_KERNELS, go_like_y=True)
+    assert plan.algorithm == "depthwise" and "dw_cl_fwd" in plan.reason, plan.reason
+    assert launched.get("dw_cl_fwd") == 1 and launched.get("dw_cl_bwd_data") == 1, launched
+    assert launched.get("dw_cl_bwd_weight") == 1 and launched.get("dw_finalize", 0) == int(split), launched
+    assert not any(launched.get(kn) for kn in ("fwd", "bwd_data", "bwd_weight")), launched
+
+
+def test_depthwise_channels_last_kernels_only_where_they_apply():
+    """Channel counts off the vector width (12 in float32, vectors of 8; float64's 4 divide it), a channel
+    multiplier of 2, and a contiguous grad_output (its direction) keep the generic kernels."""
+    for shape, mult, dtype, cl in (((12, 6, 7), 1, torch.float32, False), ((12, 6, 7), 1, torch.float64, True),
+                                   ((8, 6, 7), 2, torch.float32, False)):
+        x, w, b, p = _dw_case(shape, (3, 3), 1, 1, mult, 2, dtype, fmt="channels_last")
+        plan, launched = _run_all(x, w, b, p, dtype, CL_KERNELS, go_like_y=True)
+        assert bool(launched.get("dw_cl_fwd")) == cl and bool(launched.get("fwd")) != cl, (shape, mult, launched)
+    x, w, b, p = _dw_case((16, 6, 7), (3, 3), fmt="channels_last")
+    plan = opencl_plan(x, w, b, p)
+    go = torch.randn(p.output_shape(x.shape, w.shape))  # contiguous (NCHW), not channels-last
+    before = dict(rt.stats)
+    got = plan.backward(go, x, w, (True, True, False))
+    _, gi, gw, _ = reference(x, w, b, p, go)
+    check(got[0], gi, torch.float32, "grad_input")
+    check(got[1], gw, torch.float32, "grad_weight")
+    ran = {k: rt.stats[k] - before.get(k, 0) for k in CL_KERNELS if rt.stats[k] - before.get(k, 0)}
+    assert ran.get("bwd_data") == 1 and ran.get("bwd_weight") == 1 and not ran.get("dw_cl_bwd_data"), ran
 
 
 def test_depthwise_dilated_and_transposed_run_the_generic_kernels():

@@ -29,7 +29,7 @@ from . import _cl_runtime as rt
 MAX_REPLAYS = 4
 
 # Which descriptor offset each kernel argument's tensor sets, per kernel (depthwise and igemm names without "dw_",
-# "ig_": the three sets take their tensors in the same order).
+# "cl_" (Note [channels-last depthwise]), "ig_": the four sets take their tensors in the same order).
 _OFFSET_FIELDS = {"fwd": ("xo", "wo", "bo", "yo"), "bwd_data": ("yo", "wo", "bo", "xo"),
                   "bwd_weight": ("xo", "yo", "wo", None), "finalize": (None, "wo"), "bias_grad": ("yo", "bo")}
 
@@ -123,7 +123,7 @@ class Replay:
             st.gs = tuple(-(-g // lo) * lo for g, lo in zip(gs, ls))
             st.ls = ls
             st.desc = desc.pack()
-            fields = _OFFSET_FIELDS[name.removeprefix("dw_").removeprefix("ig_")]
+            fields = _OFFSET_FIELDS[name.removeprefix("dw_").removeprefix("cl_").removeprefix("ig_")]
             offs, bufs = [], []
             for j, a in enumerate(kargs):
                 if type(a) is not rt.DevTensor:

@@ -86,6 +86,8 @@ def geometry(problem: Problem) -> Geometry:
 # with a kernel size of the table below and strides 1 or 2; the kernel size and strides are compile-time
 # constants of the program. Everything else runs the generic kernels of conv.cl.
 DW_KERNEL_SIZES = {(1, 1, 3), (1, 3, 3), (3, 3, 3), (1, 5, 5)}
+DW_CLW = 4  # Note [channels-last depthwise]: W positions per work-item (opencl/depthwise.cl's DW_CLW)
+DW_CL_LOCAL = (2, 2, 2)  # ... and its work-groups (8 work-items: PoCL runs a group's items in one loop)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +159,17 @@ def dw_spec(problem: Problem, geo: Geometry, fmt: str, cpu: bool) -> tuple[DwSpe
     return DwSpec(4, 2, (16, 8, 1), 64, geo.K, geo.S), ""
 
 
+@functools.lru_cache(maxsize=512)
+def dw_cl_spec(problem: Problem, geo: Geometry, fmt: str, cpu: bool) -> DwSpec | None:
+    """Note [channels-last depthwise] (opencl/depthwise.cl): the settings of the kernels that vectorise along C for
+    channels-last depthwise problems on a CPU device, or None (they need channel multiplier 1 and C in whole
+    vectors; otherwise the generic kernels run, as on GPUs, where they were not measured)."""
+    if not cpu or fmt == "contiguous" or geo.CY != 1 or dw_spec(problem, geo, "contiguous", cpu)[0] is None:
+        return None
+    vw = 4 if problem.dtype == "float64" else 8
+    return DwSpec(vw, 1, (1, 1, 1), 1, geo.K, geo.S, cpu=True) if geo.G % vw == 0 else None
+
+
 def _five(t: rt.DevTensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Shape and strides as (N, C, D, H, W); missing spatial dims have size 1 and stride 0."""
     pad = 5 - len(t.shape)
@@ -195,6 +208,7 @@ class _Call:
         self.scratches = 0
         self.c_inner = int(plan.memory_format != "contiguous")
         self.dw = dw_spec(self.problem, self.geo, plan.memory_format, self.rt.is_cpu)[0]
+        self.dwcl = dw_cl_spec(self.problem, self.geo, plan.memory_format, self.rt.is_cpu)
         self.ig = igemm.spec(self.geo, self.rt.is_cpu) if plan.algorithm.startswith("igemm") else None
 
     def up(self, x, role: int) -> rt.DevTensor:
@@ -253,10 +267,15 @@ class _Call:
         """The depthwise kernels run when the plan chose them and x and y rows are contiguous along W."""
         return self.dw is not None and all(_five(t)[1][4] == 1 or _five(t)[0][4] == 1 for t in tensors)
 
-    def _dw_run(self, name, desc, tensors, args, gsize, lsize, local_bytes=0):
+    def _dwcl_ok(self, *tensors: rt.DevTensor) -> bool:
+        """Note [channels-last depthwise]: those kernels run when the plan allows them and x and y (grad_input and
+        grad_output) have channel stride 1."""
+        return self.dwcl is not None and all(_five(t)[1][1] == 1 for t in tensors)
+
+    def _dw_run(self, name, desc, tensors, args, gsize, lsize, local_bytes=0, spec=None):
         groups = math.prod(-(-g // l) * l for g, l in zip(gsize, lsize))
         desc.idx64 = rt.force_idx64 or not rt.index_fits_int32(groups + 64, *(t.span for t in tensors))
-        entry = self.rt.dw_kernel(self.dtype, desc.idx64, self.dw.defines, name)
+        entry = self.rt.dw_kernel(self.dtype, desc.idx64, (spec or self.dw).defines, name)
         return self._launch(entry, "dw_" + name, desc, args, gsize, lsize, local_bytes)
 
     def fwd(self, x: rt.DevTensor, w: rt.DevTensor, y: rt.DevTensor, bias=None):
@@ -269,6 +288,11 @@ class _Call:
             d = self._desc(planes, xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset, **bkw)
             return self._dw_run("fwd", d, (x, w, y), (x, w, bbuf, y),
                                 (*self.dw.grid(g.Y), planes), self.dw.local)
+        if self._dwcl_ok(x, y) and math.prod(y.shape):  # Note [channels-last depthwise]
+            rows = g.N * g.Y[0] * g.Y[1]
+            d = self._desc(rows, xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset, **bkw)
+            return self._dw_run("cl_fwd", d, (x, w, y), (x, w, bbuf, y), self._cl_grid(g.Y[2], rows), DW_CL_LOCAL,
+                                spec=self.dwcl)
         if self.ig is not None and math.prod(y.shape):
             evt = igemm.fwd(self, x, w, y, bbuf, bkw, xs, ws, ys)
             if evt is not igemm.TOO_LARGE:
@@ -287,6 +311,11 @@ class _Call:
             d = self._desc(planes, xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset)
             return self._dw_run("bwd_data", d, (x, w, y), (y, w, bbuf, x),
                                 (*self.dw.grid(g.X), planes), self.dw.local)
+        if bias is None and self._dwcl_ok(x, y) and math.prod(x.shape):  # Note [channels-last depthwise]
+            rows = g.N * g.X[0] * g.X[1]
+            d = self._desc(rows, xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset)
+            return self._dw_run("cl_bwd_data", d, (x, w, y), (y, w, bbuf, x), self._cl_grid(g.X[2], rows),
+                                DW_CL_LOCAL, spec=self.dwcl)
         if self.ig is not None and self.ig.phases and math.prod(x.shape):
             evt = igemm.bwd_data(self, y, w, x, bbuf, bkw, xs, ws, ys)
             if evt is not igemm.TOO_LARGE:
@@ -300,6 +329,8 @@ class _Call:
         (_, xs), (_, ws), (_, ys) = _five(x), _five(w), _five(y)
         if self._dw_ok(x, y) and math.prod(w.shape):
             return self._dw_bwd_weight(x, y, w, xs, ws, ys)
+        if self._dwcl_ok(x, y) and math.prod(w.shape):
+            return self._dw_cl_bwd_weight(x, y, w, xs, ws, ys)
         if self.ig is not None and math.prod(w.shape):
             evt = igemm.bwd_weight(self, x, y, w, xs, ws, ys)
             if evt is not igemm.TOO_LARGE:
@@ -326,6 +357,27 @@ class _Call:
         d = self._desc(co_n * spec.taps, ws=ws, wo=w.offset, red=splits)
         return self._dw_run("finalize", d, (w,), (part, w), (co_n * spec.taps,),
                             (16 if self.rt.is_cpu else 64,))
+
+    def _cl_grid(self, width: int, rows: int) -> tuple[int, int, int]:
+        """Note [channels-last depthwise]: work-items (channel blocks, W blocks of DW_CLW, rows)."""
+        return self.geo.G // self.dwcl.vw, -(-width // DW_CLW), rows
+
+    def _dw_cl_bwd_weight(self, x, y, w, xs, ws, ys):
+        """Note [channels-last depthwise] grad-weight: one work-item per (channel block, split) walking its positions
+        in order; partials added by dw_finalize when split."""
+        g, spec = self.geo, self.dwcl
+        blocks, cnt = g.G // spec.vw, g.N * math.prod(g.Y)
+        splits = dw_splits(blocks, cnt, 1, self.rt.device.max_compute_units, True)
+        per = -(-cnt // splits) if cnt else 0
+        splits = -(-cnt // per) if per else 1
+        acc = 8 if self.dtype == "float64" else 4
+        part = self._scratch(g.G * splits * spec.taps * acc) if splits > 1 else self.rt.dummy()
+        d = self._desc(g.G * splits, xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset, red=per)
+        evt = self._dw_run("cl_bwd_weight", d, (x, w, y), (x, y, w, part), (blocks, splits), (1, 1), spec=spec)
+        if splits == 1:
+            return evt
+        d = self._desc(g.G * spec.taps, ws=ws, wo=w.offset, red=splits)
+        return self._dw_run("finalize", d, (w,), (part, w), (g.G * spec.taps,), (16,), spec=spec)
 
     def _scratch(self, nbytes: int) -> rt.DevTensor:
         """Intermediate results of one call (from the pool; a recorded call allocates them again each time)."""
@@ -395,7 +447,9 @@ class OpenCLBackend(Backend):
                                 device.name) + f"; grad-bias: one work-group per channel; results {fmt_why}"
                    + _DTYPE_NOTE.get(dt, ""))
         else:
-            why = _reason(problem, geo, fmt_why, device, spec) + (f" (chosen by {dense_why})" if dense_why else "")
+            cl = dw_cl_spec(problem, geo, fmt, device.kind == "cpu") if spec is None else None
+            why = (_reason_cl(problem, geo, fmt_why, device, cl) if cl else _reason(problem, geo, fmt_why, device, spec)
+                   ) + (f" (chosen by {dense_why})" if dense_why else "")
         return Choice(dense + t, fmt, why, math="fp32-accumulate" if dt in ("float16", "bfloat16") else "ieee")
 
     def devices(self) -> list[DeviceInfo]:
@@ -450,6 +504,18 @@ class OpenCLBackend(Backend):
             gb = call.finish(out, call.bias_grad(go, out))
         replay.keep(plan, output_mask, args, rec, call)
         return gi, gw, gb
+
+
+def _reason_cl(problem: Problem, geo: Geometry, fmt_why: str, device: DeviceInfo, spec: DwSpec) -> str:
+    k = "x".join(str(v) for v in geo.K if v > 1) or "1"
+    st = "x".join(str(v) for v, kk in zip(geo.S, geo.K) if kk > 1) or "1"
+    return (f"channels-last depthwise kernels (opencl/depthwise.cl, Note [channels-last depthwise]) on {device.name}: "
+            f"{k} stride {st}, {spec.vw} channels x {DW_CLW} W positions per work-item; "
+            f"forward: dw_cl_fwd; backward-data: dw_cl_bwd_data; grad-weight: dw_cl_bwd_weight, one work-item per "
+            f"(channel block, split) + dw_finalize when split; tensors whose channels are not contiguous run the "
+            f"generic kernels; grad-bias: one work-group per channel; results {fmt_why}"
+            + ("; bfloat16 stored as ushort, computed in float32, rounded to nearest even"
+               if problem.dtype == "bfloat16" else ""))
 
 
 def _reason(problem: Problem, geo: Geometry, fmt_why: str, device: DeviceInfo, spec: DwSpec | None = None) -> str:
