@@ -245,6 +245,7 @@ DW_INLINE int x_row(const conv_desc *d, __global const T *x, idx_t xb, idx_t iz,
     return 1;
 }
 
+#ifndef DW_CL /* the W-vector kernels; DW_CL programs (Note [channels-last depthwise]) build only theirs */
 /* DW_RB output rows oh0 .. oh0+DW_RB of the forward pass, DW_VW outputs each, with the TAPS weights in
  * registers: every input row the block touches is loaded once (DW_K2 shifted vectors) and added into each
  * output row it reaches, so the block's DW_RB accumulators are independent chains. `inner` is a constant at
@@ -537,6 +538,8 @@ __kernel void dw_bwd_weight(const conv_desc d, __global const T *x, __global con
     }
 }
 
+#endif /* DW_CL */
+
 /* Adds the splits' partials of one weight element in split order (d.red = splits, d.total = CO*TAPS). */
 __kernel void dw_finalize(const conv_desc d, __global const ACC *part, __global T *w) {
     const idx_t i = (idx_t)get_global_id(0);
@@ -549,6 +552,7 @@ __kernel void dw_finalize(const conv_desc d, __global const ACC *part, __global 
     ST(w, d.wo + co * d.ws[0] + r0 * d.ws[2] + r1 * d.ws[3] + r2 * d.ws[4], v);
 }
 
+#ifdef DW_CL
 /* Note [channels-last depthwise] (CPU devices): channels-last tensors have C, not W, contiguous, so the kernels
  * above (vectors along W) do not apply; these vectorise along C instead. Channel multiplier 1, C a multiple of
  * DW_VW, x and y (grad_input and grad_output in backward) with channel stride 1 (the host checks). A work-item
@@ -688,3 +692,4 @@ __kernel void dw_cl_bwd_weight(const conv_desc d, __global const T *x, __global 
         }
     }
 }
+#endif /* DW_CL */

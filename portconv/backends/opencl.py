@@ -102,12 +102,14 @@ class DwSpec:
     S: tuple[int, int, int]
     nb: int = 1  # such row blocks per work-item
     cpu: bool = False  # DW_CPU: unaligned vector dereferences instead of vloadn/vstoren (CPU compilers)
+    cl: bool = False  # DW_CL: the channels-last kernels (Note [channels-last depthwise]) instead of the W-vector ones
 
     @property
     def defines(self) -> tuple[str, ...]:
         return (f"DW_VW={self.vw}", f"DW_RB={self.rb}", f"DW_NB={self.nb}",
                 *(f"DW_K{i}={k}" for i, k in enumerate(self.K)),
-                *(f"DW_S{i}={s}" for i, s in enumerate(self.S))) + (("DW_CPU",) if self.cpu else ())
+                *(f"DW_S{i}={s}" for i, s in enumerate(self.S))) + (("DW_CPU",) if self.cpu else ()) + (
+                    ("DW_CL",) if self.cl else ())
 
     def grid(self, extents) -> tuple[int, int]:
         """fwd / bwd-data work-items (W blocks, row blocks) over the written tensor's (D, H, W) extents."""
@@ -167,7 +169,7 @@ def dw_cl_spec(problem: Problem, geo: Geometry, fmt: str, cpu: bool) -> DwSpec |
     if not cpu or fmt == "contiguous" or geo.CY != 1 or dw_spec(problem, geo, "contiguous", cpu)[0] is None:
         return None
     vw = 4 if problem.dtype == "float64" else 8
-    return DwSpec(vw, 1, (1, 1, 1), 1, geo.K, geo.S, cpu=True) if geo.G % vw == 0 else None
+    return DwSpec(vw, 1, (1, 1, 1), 1, geo.K, geo.S, cpu=True, cl=True) if geo.G % vw == 0 else None
 
 
 def _five(t: rt.DevTensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
