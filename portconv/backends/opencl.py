@@ -354,11 +354,13 @@ class _Call:
         d = self._desc(co_n * splits, xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset, red=per)
         evt = self._dw_run("bwd_weight", d, (x, w, y), (x, y, w, part), (L * splits, co_n), (L, 1),
                            spec.taps * L * acc)
-        if splits == 1:
-            return evt
-        d = self._desc(co_n * spec.taps, ws=ws, wo=w.offset, red=splits)
-        return self._dw_run("finalize", d, (w,), (part, w), (co_n * spec.taps,),
-                            (16 if self.rt.is_cpu else 64,))
+        return evt if splits == 1 else self._dw_finalize(w, ws, part, co_n, splits, spec)
+
+    def _dw_finalize(self, w, ws, part, channels: int, splits: int, spec: DwSpec):
+        """dw_finalize: the depthwise grad-weight's split partials added in split order, into w."""
+        d = self._desc(channels * spec.taps, ws=ws, wo=w.offset, red=splits)
+        return self._dw_run("finalize", d, (w,), (part, w), (channels * spec.taps,),
+                            (16 if self.rt.is_cpu else 64,), spec=spec)
 
     def _cl_grid(self, width: int, rows: int) -> tuple[int, int, int]:
         """Note [channels-last depthwise]: work-items (channel blocks, W blocks of DW_CLW, rows)."""
@@ -376,10 +378,7 @@ class _Call:
         part = self._scratch(g.G * splits * spec.taps * acc) if splits > 1 else self.rt.dummy()
         d = self._desc(g.G * splits, xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset, red=per)
         evt = self._dw_run("cl_bwd_weight", d, (x, w, y), (x, y, w, part), (blocks, splits), (1, 1), spec=spec)
-        if splits == 1:
-            return evt
-        d = self._desc(g.G * spec.taps, ws=ws, wo=w.offset, red=splits)
-        return self._dw_run("finalize", d, (w,), (part, w), (g.G * spec.taps,), (16,), spec=spec)
+        return evt if splits == 1 else self._dw_finalize(w, ws, part, g.G, splits, spec)
 
     def _scratch(self, nbytes: int) -> rt.DevTensor:
         """Intermediate results of one call (from the pool; a recorded call allocates them again each time)."""
