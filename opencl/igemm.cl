@@ -19,21 +19,13 @@
  * channel-innermost, so neighbouring load work-items read neighbouring addresses.
  *
  * Defines (host, one program per set): the dtype and IDX64 of common.h; IG_BM, IG_BN, IG_BK, IG_TM, IG_TN (tile);
- * IG_CPU on CPU devices (helpers forced inline, as depthwise.cl's DW_CPU).
+ * IG_CPU on CPU devices (helpers forced inline, as depthwise.cl's DW_CPU); IG_TC=1, IG_WM, IG_WN and IG_MMA_PTX
+ * for the tensor-core products of Note [OpenCL tensor cores] (igemm_tc.h; IG_TM, IG_TN unused); IG_MFAST: load
+ * work-items numbered along rows / columns first (the grad-weight of channels-last tensors, whose rows and columns
+ * are channels, contiguous there; its reduction runs over positions, C elements apart).
  */
 #include "common.h"
 
-#define IG_NX (IG_BN / IG_TN) /* work-items along a tile's columns */
-#define IG_NY (IG_BM / IG_TM) /* and along its rows */
-#define IG_NT (IG_NX * IG_NY)
-#define IG_LQ (IG_NT / IG_BK) /* rows (columns) one load pass covers */
-#define IG_AJ (IG_BM / IG_LQ)
-#define IG_BJ (IG_BN / IG_LQ)
-#define IG_LDA (IG_BM + 1)
-#define IG_LDB (IG_BN + 1)
-#if IG_NT % IG_BK || IG_BM % IG_LQ || IG_BN % IG_LQ
-#error "portconv: the igemm tile needs IG_BK | IG_NT and IG_NT / IG_BK | IG_BM, IG_BN"
-#endif
 /* a*b+c, contracted to an FMA (OpenCL's default FP_CONTRACT) without PoCL's out-of-line fma() */
 #define IG_FMA(a, b, c) ((a) * (b) + (c))
 /* IG_PREFETCH: the next step's gathers are issued between the two barriers, before the current step's products
@@ -47,6 +39,30 @@
 #else
 #define IG_PREFETCH 1
 #define IG_INLINE inline
+#endif
+
+#ifndef IG_TC
+#define IG_TC 0
+#endif
+#if IG_TC
+#include "igemm_tc.h"
+#else
+#define IG_NX (IG_BN / IG_TN) /* work-items along a tile's columns */
+#define IG_NY (IG_BM / IG_TM) /* and along its rows */
+#define IG_NT (IG_NX * IG_NY)
+#define IG_LDA (IG_BM + 1)
+#define IG_LDB (IG_BN + 1)
+#define IG_AS (IG_BK * IG_LDA)
+#define IG_BS (IG_BK * IG_LDB)
+#define IG_AT(r, m) ((r) * IG_LDA + (m))
+#define IG_BT(r, n) ((r) * IG_LDB + (n))
+#define IG_STAGE(v) (v)
+#endif
+#define IG_LQ (IG_NT / IG_BK) /* rows (columns) one load pass covers */
+#define IG_AJ (IG_BM / IG_LQ)
+#define IG_BJ (IG_BN / IG_LQ)
+#if IG_NT % IG_BK || IG_BM % IG_LQ || IG_BN % IG_LQ
+#error "portconv: the igemm tile needs IG_BK | IG_NT and IG_NT / IG_BK | IG_BM, IG_BN"
 #endif
 
 #ifdef IDX64
@@ -251,7 +267,7 @@ IG_INLINE ig_bwd_weight_colt ig_bwd_weight_col(const ig_bwd_weight_op *op, idx_t
     ig_bwd_weight_colt t;
     idx_t c, r0, r1, r2;
     const int ok = n < NC;
-    chan_tap(d, ok ? n : 0, d->CX, 0, &c, &r0, &r1, &r2);
+    chan_tap(d, ok ? n : 0, d->CX, (int)d->c_inner, &c, &r0, &r1, &r2);
     t.d0 = r0 * d->DL[0] - d->P[0], t.d1 = r1 * d->DL[1] - d->P[1], t.d2 = r2 * d->DL[2] - d->P[2];
     t.xo = d->xo + (op->g * d->CX + c) * d->xs[1] + t.d0 * d->xs[2] + t.d1 * d->xs[3] + t.d2 * d->xs[4];
     if (!ok) t.d0 = d->X[0]; /* out of range for every position (r.b0 >= 0) */
@@ -285,10 +301,10 @@ IG_INLINE ACC ig_bwd_weight_B(const ig_bwd_weight_op *op, __global const T *x, c
     return LD(x, n->xo + r->xo);
 }
 
-/* The weight element (kk, n) with n = (c, tap) over CX*taps: its offset in dw. */
+/* The weight element (kk, n) with n = (c, tap) over CX*taps (channel-innermost when d.c_inner): its offset in dw. */
 IG_INLINE idx_t ig_weight_at(const conv_desc *d, idx_t kk, idx_t n) {
     idx_t c, r0, r1, r2;
-    chan_tap(d, n, d->CX, 0, &c, &r0, &r1, &r2);
+    chan_tap(d, n, d->CX, (int)d->c_inner, &c, &r0, &r1, &r2);
     return d->wo + kk * d->ws[0] + c * d->ws[1] + r0 * d->ws[2] + r1 * d->ws[3] + r2 * d->ws[4];
 }
 
@@ -308,7 +324,7 @@ IG_INLINE void ig_bwd_weight_store(const ig_bwd_weight_op *op, __global T *dw, _
 /* ---- kernels ------------------------------------------------------------------------------------------------ */
 __kernel void igemm_fwd(const conv_desc d, __global const T *x, __global const T *w, __global const T *b,
                         __global T *y) {
-    __local ACC As[IG_BK * IG_LDA], Bs[IG_BK * IG_LDB];
+    __local ACC As[IG_AS] __attribute__((aligned(16))), Bs[IG_BS] __attribute__((aligned(16)));
     ig_fwd_op op;
     op.d = d, op.g = (idx_t)get_group_id(2);
     ig_fwd_tile(&op, x, w, y, b, 0, d.N * d.Y[0] * d.Y[1] * d.Y[2], d.CY, 0, d.CX * d.K[0] * d.K[1] * d.K[2],
@@ -319,7 +335,7 @@ __kernel void igemm_fwd(const conv_desc d, __global const T *x, __global const T
  * Also the transposed forward (b: the transposed convolution's bias, per x channel). */
 __kernel void igemm_bwd_data(const conv_desc d, __global const T *dy, __global const T *w, __global const T *b,
                              __global T *dx) {
-    __local ACC As[IG_BK * IG_LDA], Bs[IG_BK * IG_LDB];
+    __local ACC As[IG_AS] __attribute__((aligned(16))), Bs[IG_BS] __attribute__((aligned(16)));
     const idx_t phases = d.S[0] * d.S[1] * d.S[2], z = (idx_t)get_group_id(2);
     ig_bwd_data_op op;
     ig_bwd_data_init(&op, d, z / phases, z % phases);
@@ -332,7 +348,7 @@ __kernel void igemm_bwd_data(const conv_desc d, __global const T *dy, __global c
  * split the tile is written to dw, else to the workspace part (split, co, c, tap). */
 __kernel void igemm_bwd_weight(const conv_desc d, __global const T *x, __global const T *dy, __global T *dw,
                                __global ACC *part) {
-    __local ACC As[IG_BK * IG_LDA], Bs[IG_BK * IG_LDB];
+    __local ACC As[IG_AS] __attribute__((aligned(16))), Bs[IG_BS] __attribute__((aligned(16)));
     const idx_t z = (idx_t)get_group_id(2), reduction = d.N * d.Y[0] * d.Y[1] * d.Y[2];
     ig_bwd_weight_op op;
     op.d = d, op.g = z / d.total, op.split = z % d.total;

@@ -2,6 +2,8 @@
  * defines IG_OP (fwd, bwd_data, bwd_weight) and the op's types and functions ig_<op>_{op,rowt,colt,redt} and
  * ig_<op>_{row,col,red,A,B,store}, then includes this file, which defines ig_<op>_fetch and ig_<op>_tile.
  * (OpenCL C has no templates; the CUDA set's pc_igemm_run in cuda/conv_igemm.cuh is the same loop.)
+ * The products of a step are the FMA loop (IG_TM x IG_TN results per work-item) or, under IG_TC, warp-level
+ * mma of igemm_tc.h (Note [OpenCL tensor cores]); the gathers, the local-memory steps and the stores are shared.
  */
 #define IGN(s) CAT(CAT(ig_, IG_OP), s)
 
@@ -16,12 +18,19 @@ IG_INLINE void IGN(_fetch)(const IGN(_op) *op, __global const T *pa, __global co
 }
 
 /* C[m0:m0+IG_BM, n0:n0+IG_BN] of one group = sum over r in [rbeg, rend) of A[m, r] B[r, n]; rows past M and
- * columns past NC are gathered as zeros and not stored. As/Bs: IG_BK x (IG_BM|IG_BN + IG_PAD) of local memory. */
+ * columns past NC are gathered as zeros and not stored. As/Bs: IG_AS and IG_BS elements of local memory, element
+ * (r, m) of A at IG_AT(r, m), (r, n) of B at IG_BT(r, n). */
 IG_INLINE void IGN(_tile)(const IGN(_op) *op, __global const T *pa, __global const T *pb, __global T *out,
                           __global const T *bias, __global ACC *wsp, idx_t M, idx_t NC, idx_t rbeg, idx_t rend,
                           __local ACC *As, __local ACC *Bs) {
+#ifdef IG_MFAST /* neighbouring load work-items on neighbouring rows / columns (channels-last grad-weight) */
+    const int tid = (int)get_local_id(0), lq = tid % IG_LQ, rr = tid / IG_LQ;
+#else /* ... on neighbouring reduction indices */
     const int tid = (int)get_local_id(0), rr = tid % IG_BK, lq = tid / IG_BK;
+#endif
+#if !IG_TC
     const int tx = tid % IG_NX, ty = tid / IG_NX;
+#endif
     const idx_t m0 = (idx_t)get_group_id(0) * IG_BM, n0 = (idx_t)get_group_id(1) * IG_BN;
     IGN(_rowt) rows[IG_AJ];
     IGN(_colt) cols[IG_BJ];
@@ -29,21 +38,33 @@ IG_INLINE void IGN(_tile)(const IGN(_op) *op, __global const T *pa, __global con
     for (int j = 0; j < IG_AJ; ++j) rows[j] = IGN(_row)(op, m0 + lq + IG_LQ * j, M);
 #pragma unroll
     for (int j = 0; j < IG_BJ; ++j) cols[j] = IGN(_col)(op, n0 + lq + IG_LQ * j, NC);
-    ACC ra[IG_AJ], rb[IG_BJ], acc[IG_TM][IG_TN];
+    ACC ra[IG_AJ], rb[IG_BJ];
+#if IG_TC
+    float acc[IG_MI][IG_NI][4];
+#pragma unroll
+    for (int i = 0; i < IG_MI; ++i)
+#pragma unroll
+        for (int j = 0; j < IG_NI; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0;
+#else
+    ACC acc[IG_TM][IG_TN];
 #pragma unroll
     for (int i = 0; i < IG_TM; ++i)
 #pragma unroll
         for (int j = 0; j < IG_TN; ++j) acc[i][j] = 0;
+#endif
     IGN(_fetch)(op, pa, pb, rows, cols, rbeg + rr, rend, ra, rb);
     for (idx_t r0 = rbeg; r0 < rend; r0 += IG_BK) {
 #pragma unroll
-        for (int j = 0; j < IG_AJ; ++j) As[rr * IG_LDA + lq + IG_LQ * j] = ra[j];
+        for (int j = 0; j < IG_AJ; ++j) As[IG_AT(rr, lq + IG_LQ * j)] = IG_STAGE(ra[j]);
 #pragma unroll
-        for (int j = 0; j < IG_BJ; ++j) Bs[rr * IG_LDB + lq + IG_LQ * j] = rb[j];
+        for (int j = 0; j < IG_BJ; ++j) Bs[IG_BT(rr, lq + IG_LQ * j)] = IG_STAGE(rb[j]);
         barrier(CLK_LOCAL_MEM_FENCE);
 #if IG_PREFETCH
         if (r0 + IG_BK < rend) IGN(_fetch)(op, pa, pb, rows, cols, r0 + IG_BK + rr, rend, ra, rb);
 #endif
+#if IG_TC
+        ig_tc_step(As, Bs, acc, tid);
+#else
 #pragma unroll
         for (int kk = 0; kk < IG_BK; ++kk) {
             ACC av[IG_TM], bv[IG_TN];
@@ -56,11 +77,25 @@ IG_INLINE void IGN(_tile)(const IGN(_op) *op, __global const T *pa, __global con
 #pragma unroll
                 for (int j = 0; j < IG_TN; ++j) acc[i][j] = IG_FMA(av[i], bv[j], acc[i][j]);
         }
+#endif
         barrier(CLK_LOCAL_MEM_FENCE);
 #if !IG_PREFETCH
         if (r0 + IG_BK < rend) IGN(_fetch)(op, pa, pb, rows, cols, r0 + IG_BK + rr, rend, ra, rb);
 #endif
     }
+#if IG_TC /* lane (g, t) of warp w owns rows g, g + 8 and columns 2t, 2t + 1 of each of its 16 x 8 tiles */
+    const int lane = tid & 31, warp = tid >> 5;
+    const idx_t mw = m0 + (warp % IG_WM) * IG_WTM + (lane >> 2), nw = n0 + (warp / IG_WM) * IG_WTN + 2 * (lane & 3);
+#pragma unroll
+    for (int i = 0; i < IG_MI; ++i)
+#pragma unroll
+        for (int j = 0; j < IG_NI; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const idx_t m = mw + 16 * i + 8 * (e >> 1), n = nw + 8 * j + (e & 1);
+                if (m < M && n < NC) IGN(_store)(op, out, bias, wsp, m, n, acc[i][j][e]);
+            }
+#else
 #pragma unroll
     for (int i = 0; i < IG_TM; ++i) {
         const idx_t m = m0 + ty + IG_NY * i;
@@ -70,6 +105,7 @@ IG_INLINE void IGN(_tile)(const IGN(_op) *op, __global const T *pa, __global con
             if (m < M && n < NC) IGN(_store)(op, out, bias, wsp, m, n, acc[i][j]);
         }
     }
+#endif
 }
 
 #undef IGN

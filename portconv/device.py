@@ -133,6 +133,8 @@ def from_opencl(dev, platform_index: int, device_index: int) -> DeviceInfo:
     elif vendor == "amd":  # Mesa's drivers for AMD GPUs lack the AMD query extension: querying it would raise
         wave = int(dev.wavefront_width_amd or 64) if "cl_amd_device_attribute_query" in exts else 64
     arch = platform.machine() if kind == "cpu" else dev.name
+    if vendor == "nvidia" and "cl_nv_device_attribute_query" in exts:  # compute capability, as CUDA names it
+        arch = f"sm_{dev.compute_capability_major_nv}{dev.compute_capability_minor_nv}"
     versions = (("driver", dev.driver_version), ("opencl", dev.version), ("platform", plat.version),
                 ("pyopencl", cl.VERSION_TEXT))
     return DeviceInfo(vendor=vendor, kind=kind, name=dev.name.strip(), arch=arch, runtime="opencl", wavefront=wave,

@@ -12,6 +12,10 @@ KNOBS = {
     "PORTCONV_OPENCL_DENSE": ("OpenCL kernels for dense (not depthwise) problems: 'igemm' (tiled implicit GEMM) or "
                               "'direct' (default: igemm on GPUs, the measured choice on CPUs); read when a plan is "
                               "made (part of the plan cache's key)"),
+    "PORTCONV_OPENCL_TC": ("tensor-core products in the OpenCL implicit-GEMM tiles (Note [OpenCL tensor cores]): "
+                           "'off', 'ptx' or 'portable' (the same tile with plain OpenCL C products, any device); "
+                           "default: ptx on NVIDIA GPUs of sm_80 and newer (float32 only where torch allows TF32 for "
+                           "cuDNN convolutions), else off; read when a plan is made"),
     "PORTCONV_POISON": "1: fill outputs with NaN before kernels run (the conformance suite sets it)",
     "PORTCONV_CACHE_DIR": "directory for compiled kernels and tuning results (default ~/.cache/portconv)",
     "PORTCONV_TUNE": "1: time candidate algorithms once per problem and persist the winner",

@@ -234,7 +234,7 @@ def clear_cache() -> None:
 # determinism, TF32 precision, the depthwise-kernel switch; oneDNN/NNPACK and the thread count on the CPU). It is
 # part of every plan-cache key, and is cheap (~1 us): os.environ's raw mapping, torch._C getters.
 _ENV_NAMES = ("PORTCONV_BACKEND", "PORTCONV_DISABLE", "PORTCONV_OPENCL_DEVICE", "PORTCONV_OPENCL_DENSE",
-              "PORTCONV_TUNE", "PORTCONV_CACHE_DIR",
+              "PORTCONV_OPENCL_TC", "PORTCONV_TUNE", "PORTCONV_CACHE_DIR",
               # kernel-variant knobs of the cuda backend, read when a plan's launches are first recorded (Note
               # [replayed launches]): part of the key, so that changing one mid-process makes a new plan
               "PORTCONV_CUDA_IGEMM_TC_TILE", "PORTCONV_CUDA_IGEMM_TC_V4",

@@ -20,12 +20,22 @@ from portconv.tensors import TensorSpec, spec_of
 
 # error relative to max|reference|: output rounding (half: 2^-11, bfloat16: 2^-8) plus accumulation
 TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+TOL_TF32 = 1e-2  # float32 plans whose math is 'tf32' (Note [OpenCL tensor cores]): operands rounded to 10 bits
+
+
+def tol(plan, dtype) -> float:
+    return TOL_TF32 if plan.math == "tf32" else TOL[dtype]
+
+
 CL_FMT = {2: torch.channels_last, 3: torch.channels_last_3d}
 
 
 @pytest.fixture(autouse=True)
 def _opencl(monkeypatch):
     monkeypatch.setenv("PORTCONV_POISON", "1")  # unwritten output elements stay NaN and fail the comparison
+    # the FMA tiles unless a test asks for the tensor-core tile (test_igemm_tensor_core_*: the tile's own tests; the
+    # conformance grid runs the default, tensor cores on NVIDIA GPUs of sm_80+)
+    monkeypatch.setenv("PORTCONV_OPENCL_TC", "off")
     require_backend("opencl")
 
 
@@ -45,7 +55,7 @@ def reference(x, w, b, p: ConvParams, go, mask=(True, True, True)):
     return y, gi, gw, gb
 
 
-def check(out, ref, dtype, what):
+def check(out, ref, dtype, what, tol=None):
     assert out is not None, what
     assert out.dtype == dtype, f"{what}: dtype {out.dtype}"
     assert tuple(out.shape) == tuple(ref.shape), f"{what}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
@@ -54,7 +64,7 @@ def check(out, ref, dtype, what):
     assert torch.isfinite(ref).all(), f"{what}: reference not finite"
     err = (out64 - ref).abs().max().item() if ref.numel() else 0.0
     scale = max(ref.abs().max().item() if ref.numel() else 0.0, 1e-6)
-    assert err <= TOL[dtype] * scale, f"{what}: max abs error {err:.3g} vs max |ref| {scale:.3g}"
+    assert err <= (tol or TOL[dtype]) * scale, f"{what}: max abs error {err:.3g} vs max |ref| {scale:.3g}"
 
 
 # (id, rank, N, Cin, Cout, spatial, kernel, stride, padding, dilation, groups, transposed, output_padding)
@@ -129,7 +139,15 @@ def _dense_default(plan) -> str:
     """The algorithm of a dense problem with no PORTCONV_OPENCL_DENSE (Note [OpenCL dense algorithm])."""
     from portconv.backends import _cl_igemm
 
-    return _cl_igemm.DENSE_CPU_DEFAULT if plan.device.kind == "cpu" else "igemm"
+    return _cl_igemm.DENSE_CPU_DEFAULT if plan.device.kind == "cpu" else _igemm_alg(plan)
+
+
+def _igemm_alg(plan) -> str:
+    """'igemm-tc' where the plan's device and dtype take the tensor-core tile (Note [OpenCL tensor cores]), else
+    'igemm'."""
+    from portconv.backends import _cl_igemm
+
+    return "igemm-tc" if _cl_igemm.tc_mode(plan.problem.dtype, plan.device)[0] else "igemm"
 
 
 @pytest.mark.parametrize("case,dt,fmt", PARAMS)
@@ -145,7 +163,7 @@ def test_against_float64_reference(case, dt, fmt):
     ry, rgi, rgw, rgb = reference(x, w, b, p, go)
     for out, ref, name in ((y, ry, "output"), (gi, rgi, "grad_input"), (gw, rgw, "grad_weight"),
                            (gb, rgb, "grad_bias")):
-        check(out, ref, dtype, name)
+        check(out, ref, dtype, name, tol(plan, dtype))
     for t, (copy, stride) in zip((x, w, b), saved):
         assert torch.equal(t, copy) and t.stride() == stride, "a caller tensor was modified"
     want = output_memory_format(plan.problem)[0]
@@ -159,7 +177,8 @@ def test_against_float64_reference(case, dt, fmt):
     expect_alg = "depthwise" if case[0].endswith(("depthwise-m1", "depthwise-m2", "transposed-depthwise")) \
         else _dense_default(plan)
     assert plan.algorithm == expect_alg + ("-transposed" if p.transposed else "")
-    assert plan.math == ("fp32-accumulate" if dt in ("f16", "bf16") else "ieee")
+    assert plan.math == ("fp32-accumulate" if dt in ("f16", "bf16") else
+                         "tf32" if plan.algorithm.startswith("igemm-tc") else "ieee")
 
 
 MASKS = [(True, False, False), (False, True, False), (False, False, True), (True, True, False), (False, True, True)]
@@ -399,9 +418,9 @@ def _run_all(x, w, b, p, dtype, kernels=DW_KERNELS, go_like_y=False):
         go = torch.empty_strided(y.shape, y.stride(), dtype=dtype).copy_(go)
     got = plan.backward(go, x, w, (True, True, True))
     ry, *refs = reference(x, w, b, p, go)
-    check(y, ry, dtype, "output")
+    check(y, ry, dtype, "output", tol(plan, dtype))
     for out, ref, name in zip(got, refs, ("grad_input", "grad_weight", "grad_bias")):
-        check(out, ref, dtype, name)
+        check(out, ref, dtype, name, tol(plan, dtype))
     return plan, {k: rt.stats[k] - before.get(k, 0) for k in kernels if rt.stats[k] - before.get(k, 0)}
 
 
@@ -776,7 +795,7 @@ def test_igemm_edge_shapes(edge, dt, dense_mode):
     kw = dict(edge[1])
     x, w, b, p = _ig_case(dtype=dtype, **kw)
     plan, launched = _ig_run(x, w, b, p, dtype)
-    assert plan.algorithm == "igemm" + ("-transposed" if p.transposed else "")
+    assert plan.algorithm == _igemm_alg(plan) + ("-transposed" if p.transposed else "")
     data_fwd, data_bwd = ("ig_bwd_data", "ig_fwd") if p.transposed else ("ig_fwd", "ig_bwd_data")
     assert launched.get(data_fwd) == 1 and launched.get("ig_bwd_weight") == 1
     if edge[0] == "stride2-dilated-direct-bwd":  # no phase decomposition: the direct kernel
@@ -836,8 +855,9 @@ def test_igemm_selection_table(dense_mode):
         choice = backend.choose(Problem(p, spec_of(x), spec_of(w), b is not None), dataclasses.replace(dev, kind=kind))
         return choice.algorithm, choice.reason
 
+    gpu_dense = "igemm-tc" if _cl_igemm.tc_mode("float32", dataclasses.replace(dev, kind="gpu"))[0] else "igemm"
     for mode, kind, dense, transposed in (
-            (None, "gpu", "igemm", "igemm-transposed"),
+            (None, "gpu", gpu_dense, gpu_dense + "-transposed"),
             (None, "cpu", _cl_igemm.DENSE_CPU_DEFAULT, _cl_igemm.DENSE_CPU_DEFAULT + "-transposed"),
             ("direct", "gpu", "direct", "direct-transposed"),
             ("igemm", "cpu", "igemm", "igemm-transposed")):
@@ -901,6 +921,21 @@ def test_igemm_narrow_tiles():
     assert fit(CPU_TILE, 3, 36) == NARROW_TILES[(True, "rows", 4)]
     assert fit(NARROW_TILES[(True, "cols", 4)], 3136, 4) == NARROW_TILES[(True, "cols", 4)]
     assert fit(GPU_TILE, 17, 17) == GPU_TILE
+    from portconv.backends._cl_igemm import TC_TILE
+
+    def shape(sp):
+        return sp.bm, sp.bn, sp.wm, sp.wn, sp.threads, sp.tc
+
+    assert fit(TC_TILE, 100352, 256) == TC_TILE
+    assert shape(fit(TC_TILE, 100352, 3)) == (128, 8, 4, 1, 128, "ptx")  # the stem's backward-data
+    assert shape(fit(TC_TILE, 100352, 12)) == (128, 16, 4, 1, 128, "ptx")
+    assert shape(fit(TC_TILE, 4, 36)) == (16, 128, 1, 4, 128, "ptx")  # grad-weight, 4 output channels per group
+    assert fit(TC_TILE, 100352, 17) == TC_TILE
+    from portconv.backends._cl_igemm import weight_tile
+
+    assert shape(weight_tile(TC_TILE)) == (128, 128, 2, 4, 256, "ptx") and weight_tile(TC_TILE).bk == 32
+    assert shape(fit(weight_tile(TC_TILE), 4, 36)) == (16, 128, 1, 4, 128, "ptx")
+    assert weight_tile(GPU_TILE) == GPU_TILE
 
 
 def test_igemm_tile_too_large_for_the_device_runs_the_direct_kernels(dense_mode, monkeypatch):
@@ -910,5 +945,123 @@ def test_igemm_tile_too_large_for_the_device_runs_the_direct_kernels(dense_mode,
     monkeypatch.setattr(rt.Runtime, "ig_kernel", lambda self, *a: (orig(self, *a)[0], 8))
     x, w, b, p = _ig_case(**_edge("m-n-red-off-tile"))
     plan, launched = _ig_run(x, w, b, p, torch.float32)
-    assert plan.algorithm == "igemm"
+    assert plan.algorithm == _igemm_alg(plan)
     assert launched == {"fwd": 1, "bwd_data": 1, "bwd_weight": 1}
+
+
+# --- the tensor-core tile (opencl/igemm_tc.h, Note [OpenCL tensor cores]) ------------------------------------------
+
+
+@pytest.fixture
+def tc_tile(monkeypatch, dense_mode):
+    """PORTCONV_OPENCL_TC for one test: 'ptx' on an NVIDIA GPU of sm_80+ (the mma.sync products), else 'portable'
+    (the same tile, products in plain OpenCL C: PoCL in CI). Returns the mode."""
+    from portconv.backends import _cl_igemm
+
+    dev = rt.info(*rt.default_index())
+    monkeypatch.setenv("PORTCONV_OPENCL_TC", "")
+    mode = "ptx" if _cl_igemm.tc_mode("float16", dev)[0] == "ptx" else "portable"
+    monkeypatch.setenv("PORTCONV_OPENCL_TC", mode)
+    dense_mode("igemm")
+    return mode
+
+
+TC_EDGES = [  # every direction on the tile: > 16 channels on both sides of each GEMM (narrower ones run FMA tiles)
+    ("tc-3x3-stride2-phases", dict(n=2, cin=24, cout=40, sp=(10, 9), k=(3, 3), stride=2, padding=1)),
+    ("tc-1x1-wide", dict(n=1, cin=17, cout=130, sp=(9, 7), k=(1, 1))),
+    ("tc-split-channels-last", dict(n=4, cin=20, cout=36, sp=(33, 31), k=(3, 3), padding=1, fmt="channels_last")),
+    ("tc-3d-transposed", dict(n=2, cin=24, cout=20, sp=(4, 5, 4), k=(3, 3, 3), stride=2, padding=1, transposed=True,
+                              out_pad=1)),
+    ("tc-1d-dilated-groups", dict(n=3, cin=40, cout=48, sp=(40,), k=(5,), padding=4, dilation=2, groups=2)),
+    # narrow tensor-core tiles (TC_NARROW): backward-data of 3 input channels (128x8), 4 channels per group (128x8
+    # forward and backward-data, 16x128 grad-weight), 12 output channels (128x16 forward)
+    ("tc-narrow-cin3", dict(n=2, cin=3, cout=24, sp=(15, 14), k=(5, 5), stride=2, padding=2)),
+    ("tc-narrow-groups4", dict(n=2, cin=16, cout=16, sp=(9, 9), k=(3, 3), padding=1, groups=4)),
+    ("tc-narrow-cout12", dict(n=2, cin=20, cout=12, sp=(11, 10), k=(3, 3), padding=1)),
+]
+TC_PARAMS = [pytest.param(e, dt, id=f"{e[0]}-{dt}") for e in TC_EDGES for dt in ("f32", "f16", "bf16")
+             if dt == "f32" or e[0] in ("tc-3x3-stride2-phases", "tc-split-channels-last", "tc-3d-transposed",
+                                        "tc-narrow-groups4")]
+
+
+@pytest.mark.parametrize("edge,dt", TC_PARAMS)
+def test_igemm_tensor_core_tile(edge, dt, tc_tile):
+    """Forward and every gradient on the tensor-core tile match float64 within the plan's math (TF32 for float32;
+    16-bit operands are exact in the tile); the split grad-weight adds its partials; the reason names the tile."""
+    dtype = DTYPES[dt]
+    x, w, b, p = _ig_case(dtype=dtype, **edge[1])
+    plan, launched = _ig_run(x, w, b, p, dtype)
+    assert plan.algorithm == "igemm-tc" + ("-transposed" if p.transposed else "")
+    assert plan.math == ("tf32" if dt == "f32" else "fp32-accumulate")
+    assert "tensor-core tiles" in plan.reason and f"PORTCONV_OPENCL_TC={tc_tile}" in plan.reason
+    assert launched.get("ig_fwd") == 1 and launched.get("ig_bwd_data") == 1 and launched.get("ig_bwd_weight") == 1
+    assert not {"fwd", "bwd_data", "bwd_weight"} & set(launched)
+    if edge[0] == "tc-split-channels-last":
+        assert launched.get("ig_finalize") == 1
+
+
+def _tf32_rna(v: torch.Tensor) -> torch.Tensor:
+    """float32 -> TF32 (10 mantissa bits), to nearest with ties away from zero (PTX cvt.rna.tf32.f32)."""
+    bits = v.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    out = ((bits + 0x1000) & 0xFFFFE000).to(torch.int32)  # sign-magnitude: the add rounds the magnitude
+    return torch.where(torch.isfinite(v), out.view(torch.float32), v)
+
+
+def test_igemm_tensor_core_tf32_rounding(tc_tile):
+    """TF32 operands are rounded to nearest, ties away from zero, once, before the products: a 1x1 convolution with
+    one input channel gives y = tf32(x) * tf32(w) exactly; infinities stay infinite and NaN stays NaN."""
+    ulp = 2.0**-10
+    vals = [1 + ulp / 2, 1 + 3 * ulp / 2, -(1 + ulp / 2), 1 + ulp / 2 - 2.0**-20, 3 + 0.7 * ulp, 1e-30, -2.5e20,
+            float("inf"), -float("inf"), float("nan"), 0.0, -0.0, 1 + ulp / 2 + 2.0**-23]
+    x = torch.tensor(vals * 5, dtype=torch.float32)[:64].reshape(1, 1, 4, 16)
+    w = torch.tensor([1.0, -1.0, 0.5, 1 + ulp / 2] * 8, dtype=torch.float32).reshape(32, 1, 1, 1)
+    p = ConvParams.make(2, 1, 0, 1)
+    plan = opencl_plan(x, w, None, p)
+    assert plan.algorithm == "igemm-tc" and plan.math == "tf32"
+    y = plan.forward(x, w, None)
+    want = (_tf32_rna(x).double() * _tf32_rna(w).double().reshape(1, 32, 1, 1)).float()
+    assert torch.equal(torch.isnan(y), torch.isnan(want)), "NaN positions differ"
+    ok = ~torch.isnan(want)
+    assert torch.equal(y[ok], want[ok]), (y[ok] - want[ok]).abs().max()
+
+
+def test_igemm_tensor_core_selection(monkeypatch):
+    """Where the tile runs by default: NVIDIA GPUs of sm_80+, float16/bfloat16 always, float32 where torch allows TF32
+    for cuDNN convolutions; never float64, older GPUs or other vendors; the knob forces either way."""
+    from portconv.backends import _cl_igemm
+    from portconv.device import DeviceInfo
+
+    h100 = DeviceInfo(vendor="nvidia", kind="gpu", name="H100", arch="sm_90", runtime="opencl")
+    t4 = dataclasses.replace(h100, name="T4", arch="sm_75")
+    amd = DeviceInfo(vendor="amd", kind="gpu", name="MI250", arch="gfx90a", runtime="opencl")
+    pocl = DeviceInfo(vendor="pocl", kind="cpu", name="cpu", arch="x86_64", runtime="opencl")
+    monkeypatch.delenv("PORTCONV_OPENCL_TC")
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    old = conv.fp32_precision if conv is not None else torch.backends.cudnn.allow_tf32
+    try:
+        assert _cl_igemm.tc_mode("float16", h100)[0] == "ptx" and _cl_igemm.tc_mode("bfloat16", h100)[0] == "ptx"
+        if conv is not None:
+            conv.fp32_precision = "tf32"
+        else:
+            torch.backends.cudnn.allow_tf32 = True
+        assert _cl_igemm.tc_mode("float32", h100)[0] == "ptx"
+        if conv is not None:
+            conv.fp32_precision = "ieee"
+        else:
+            torch.backends.cudnn.allow_tf32 = False
+        mode, why = _cl_igemm.tc_mode("float32", h100)
+        assert mode == "" and "TF32 not allowed" in why
+    finally:
+        if conv is not None:
+            conv.fp32_precision = old
+        else:
+            torch.backends.cudnn.allow_tf32 = old
+    for dev in (t4, amd, pocl):
+        mode, why = _cl_igemm.tc_mode("float16", dev)
+        assert mode == "" and "sm_80" in why, dev
+    assert _cl_igemm.tc_mode("float64", h100)[0] == ""
+    for forced in ("portable", "ptx"):
+        monkeypatch.setenv("PORTCONV_OPENCL_TC", forced)
+        assert _cl_igemm.tc_mode("float32", pocl)[0] == forced
+    monkeypatch.setenv("PORTCONV_OPENCL_TC", "off")
+    assert _cl_igemm.tc_mode("float16", h100)[0] == ""

@@ -23,7 +23,8 @@ TOO_LARGE = object()
 
 @dataclasses.dataclass(frozen=True)
 class IgSpec:
-    """One tile configuration of igemm.cl: an IG_BM x IG_BN tile, IG_TM x IG_TN results per work-item."""
+    """One tile configuration of igemm.cl: an IG_BM x IG_BN tile, IG_TM x IG_TN results per work-item, or with
+    ``tc`` ('ptx' | 'portable') the tensor-core products of Note [OpenCL tensor cores]: IG_WM x IG_WN warps."""
 
     bm: int
     bn: int
@@ -32,23 +33,45 @@ class IgSpec:
     tn: int
     cpu: bool = False
     phases: bool = True  # backward-data by phases; False: the direct kernel (a strided and dilated axis)
+    tc: str = ""
+    wm: int = 0
+    wn: int = 0
+    regs: int = 0  # NVIDIA's -cl-nv-maxrregcount for the PTX tile (0: the compiler's choice)
+    mfast: bool = False  # IG_MFAST: load work-items along rows / columns first (channels-last grad-weight)
 
     @property
     def threads(self) -> int:
-        return (self.bm // self.tm) * (self.bn // self.tn)
+        return 32 * self.wm * self.wn if self.tc else (self.bm // self.tm) * (self.bn // self.tn)
 
     @property
     def defines(self) -> tuple[str, ...]:
-        return (f"IG_BM={self.bm}", f"IG_BN={self.bn}", f"IG_BK={self.bk}", f"IG_TM={self.tm}",
-                f"IG_TN={self.tn}") + (("IG_CPU",) if self.cpu else ())
+        tile = (f"IG_BM={self.bm}", f"IG_BN={self.bn}", f"IG_BK={self.bk}")
+        if self.tc:
+            tile += ("IG_TC=1", f"IG_WM={self.wm}", f"IG_WN={self.wn}") + (("IG_MMA_PTX",) if self.tc == "ptx" else ())
+            if self.tc == "ptx" and self.regs:
+                tile += (f"-cl-nv-maxrregcount={self.regs}",)
+        else:
+            tile += (f"IG_TM={self.tm}", f"IG_TN={self.tn}")
+        return tile + (("IG_CPU",) if self.cpu else ()) + (("IG_MFAST",) if self.mfast else ())
 
     def describe(self) -> str:
+        narrow = f"a GEMM with <= {NARROW} rows or columns per group: an FMA tile narrow on that side"
+        if self.tc:
+            narrow = f"a GEMM with <= {NARROW} rows or columns per group: a tensor-core tile narrow on that side"
+            how = ("mma.sync through inline PTX" if self.tc == "ptx" else
+                   "the tile's portable products (plain OpenCL C, PORTCONV_OPENCL_TC=portable)")
+            return (f"{self.bm}x{self.bn} tensor-core tiles (Note [OpenCL tensor cores]), reduction step {self.bk}, "
+                    f"{self.wm}x{self.wn} warps of {self.bm // self.wm}x{self.bn // self.wn}, {how}; {narrow}")
         return (f"{self.bm}x{self.bn} tiles, reduction step {self.bk}, {self.tm}x{self.tn} results per work-item "
-                f"({self.threads}-item work-groups; a GEMM with <= {NARROW} rows or columns per group: a tile narrow "
-                f"on that side)")
+                f"({self.threads}-item work-groups; {narrow})")
 
 
 GPU_TILE = IgSpec(64, 64, 16, 4, 4)
+# Note [OpenCL tensor cores] tiles, measured on the H100 (docs/performance/notes-opencl.md, tc v1): 128x64, BK 16,
+# 8 warps of 32x32 for forward and backward-data (128x128, 256x64, 64x64, 64x128 and BK 32 were 1.2x-1.6x slower
+# there); the grad-weight, split over its long reduction, 128x128 with BK 32 (0.89x the time of 128x64).
+TC_TILE = IgSpec(128, 64, 16, 0, 0, tc="ptx", wm=4, wn=2)
+TC_TILE_WEIGHT = IgSpec(128, 128, 32, 0, 0, tc="ptx", wm=2, wn=4)
 CPU_TILE = IgSpec(32, 32, 8, 4, 4, cpu=True)  # the fastest of 8 shapes on PoCL (notes-opencl.md igemm v1)
 # A GEMM with at most 16 (CPU: 4 or 16) columns or rows per group, such as the 4 channels per group of resnext50-g32,
 # runs a tile that narrow on that side (a 64-wide tile would compute 16x the useful products; igemm v2). A tile of
@@ -61,9 +84,20 @@ NARROW_TILES = {(False, "cols", 16): IgSpec(128, 16, 8, 8, 2), (False, "rows", 1
                 (True, "rows", 4): IgSpec(4, 64, 8, 1, 8, cpu=True)}
 
 
+# Tensor-core tiles narrow on one side (Note [OpenCL tensor cores]): the padded mma costs little next to the gathers,
+# so a GEMM of C_in = 1..3 columns (backward-data of a stem) or 4 rows per group keeps the tensor cores.
+TC_NARROW = {("cols", 8): (128, 8, 4, 1), ("cols", 16): (128, 16, 4, 1), ("rows", 16): (16, 128, 1, 4)}
+
+
 def fit(sp: IgSpec, rows: int, cols: int) -> IgSpec:
-    """The tile of one GEMM of ``rows`` x ``cols`` per group: ``sp``, or a narrow one (NARROW_TILES)."""
+    """The tile of one GEMM of ``rows`` x ``cols`` per group: ``sp``, or a narrow one (NARROW_TILES, TC_NARROW)."""
     side, size = ("cols", cols) if cols <= NARROW and cols < rows else ("rows", rows)
+    if sp.tc:
+        widths = [w for (sd, w) in TC_NARROW if sd == side and size <= w]
+        if not widths or (sp.bn if side == "cols" else sp.bm) <= min(widths):
+            return sp
+        bm, bn, wm, wn = TC_NARROW[(side, min(widths))]
+        return dataclasses.replace(sp, bm=bm, bn=bn, wm=wm, wn=wn)
     widths = [w for (cpu, sd, w) in NARROW_TILES if cpu == sp.cpu and sd == side and size <= w]
     if not widths or (sp.bn if side == "cols" else sp.bm) <= min(widths):
         return sp
@@ -80,10 +114,52 @@ def mode(device_kind: str) -> tuple[str, str]:
     return "igemm", "the GPU default"
 
 
-def spec(geo, cpu: bool) -> IgSpec:
-    base = CPU_TILE if cpu else GPU_TILE
+def spec(geo, cpu: bool, tc: str = "") -> IgSpec:
+    """The tile of a problem: the FMA tile of the device kind, or the tensor-core tile with products ``tc``."""
+    base = dataclasses.replace(TC_TILE, tc=tc, cpu=cpu) if tc else CPU_TILE if cpu else GPU_TILE
     phases = all(s == 1 or d == 1 for s, d in zip(geo.S, geo.DL))
     return base if phases else dataclasses.replace(base, phases=False)
+
+
+# Note [OpenCL tensor cores] (opencl/igemm_tc.h): where the implicit-GEMM tiles compute on tensor cores. By default
+# on NVIDIA GPUs of sm_80 and newer (inline PTX mma.sync; the device's compute capability from
+# cl_nv_device_attribute_query), for float16 and bfloat16 always and for float32 where torch allows TF32 for cuDNN
+# convolutions (the cuda backend's rule, Note [TF32 policy]); the plan's math is then 'tf32' and the conformance
+# tolerance follows. PORTCONV_OPENCL_TC=off|ptx|portable forces it; 'portable' runs the same tile with its products
+# in plain OpenCL C on any device (how CI runs the tile on PoCL).
+TC_MODES = ("off", "ptx", "portable")
+
+
+def tc_of(algorithm: str) -> str:
+    """The products a plan's algorithm ('igemm-tc...') runs: 'portable' when forced so (the knob is part of the
+    plan's key), else 'ptx'; '' for the FMA tiles."""
+    if not algorithm.startswith("igemm-tc"):
+        return ""
+    return "portable" if (knobs.get("PORTCONV_OPENCL_TC") or "").strip().lower() == "portable" else "ptx"
+
+
+def tc_mode(dtype: str, device) -> tuple[str, str]:
+    """('' | 'ptx' | 'portable', why) for a dense problem of ``dtype`` on ``device`` (a DeviceInfo)."""
+    if dtype == "float64":
+        return "", "float64 has no tensor-core mma here"
+    forced = (knobs.get("PORTCONV_OPENCL_TC") or "").strip().lower()
+    if forced in ("ptx", "portable"):
+        return forced, f"PORTCONV_OPENCL_TC={forced}"
+    if forced == "off":
+        return "", "PORTCONV_OPENCL_TC=off"
+    arch = device.arch or ""
+    if device.vendor != "nvidia" or device.kind != "gpu" or not arch.startswith("sm_") or int(arch[3:] or 0) < 80:
+        return "", f"no tensor-core mma on {device.name} ({device.vendor} {device.kind} {arch}; PTX mma needs sm_80+)"
+    if dtype == "float32":
+        import torch
+
+        from .cudnn import cudnn_conv_tf32
+
+        ok, setting = cudnn_conv_tf32(torch)
+        if not ok:
+            return "", f"TF32 not allowed for float32 ({setting})"
+        return "ptx", f"{arch}; TF32 allowed for float32 ({setting})"
+    return "ptx", arch
 
 
 def reason(geo, sp: IgSpec, transposed: bool, why: str, device: str) -> str:
@@ -93,9 +169,11 @@ def reason(geo, sp: IgSpec, transposed: bool, why: str, device: str) -> str:
            f"positions, columns: {geo.CX} channel(s), reduction: {geo.CY} channel(s) x the phase's taps)"
            if sp.phases else
            "the direct kernel (an axis with both stride and dilation above 1 has no phase decomposition)")
+    w = weight_tile(sp)
+    wt = f" on {w.bm}x{w.bn} tensor-core tiles, reduction step {w.bk}" if sp.tc else ""
     return (f"implicit-GEMM kernels (opencl/igemm.cl) on {device}, {sp.describe()}, chosen by {why}: forward: "
             f"igemm_fwd (rows: N x output positions, columns: {geo.CY} channel(s), reduction: {geo.CX} channel(s) x "
-            f"{geo.taps} tap(s), {geo.G} group(s)); backward-data: {bwd}; grad-weight: igemm_bwd_weight (rows: "
+            f"{geo.taps} tap(s), {geo.G} group(s)); backward-data: {bwd}; grad-weight: igemm_bwd_weight{wt} (rows: "
             f"{geo.CY} channel(s), columns: {geo.CX} channel(s) x {geo.taps} tap(s), reduction: N x positions = "
             f"{geo.reduction}) split over the reduction, the partial sums added in order by igemm_finalize "
             f"(no atomics){t}")
@@ -151,13 +229,23 @@ def bwd_data(call, y, w, x, bbuf, bkw, xs, ws, ys):
     return _grid(call, "bwd_data", d, (x, w, y), (y, w, bbuf, x), largest, g.CX, g.G * math.prod(g.S))
 
 
+def weight_tile(sp: IgSpec) -> IgSpec:
+    """The grad-weight's tile for a problem whose tile is ``sp``: TC_TILE_WEIGHT's shape for the tensor-core tile."""
+    w = TC_TILE_WEIGHT
+    return dataclasses.replace(sp, bm=w.bm, bn=w.bn, bk=w.bk, wm=w.wm, wn=w.wn) if sp.tc else sp
+
+
 def bwd_weight(call, x, y, w, xs, ws, ys):
     g = call.geo
-    sp = fit(call.ig, g.CY, g.CX * g.taps)
+    sp = fit(weight_tile(call.ig), g.CY, g.CX * g.taps)
+    if sp.tc and call.c_inner:  # channels-last: rows (k) and columns ((tap, c), c innermost) read along C
+        sp = dataclasses.replace(sp, mfast=True)
     acc = 8 if call.dtype == "float64" else 4
     n_split, chunk = splits(g, sp, call.rt.device.max_compute_units, acc)
     count = g.G * g.CY * g.CX * g.taps
-    d = call._desc(n_split, xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset, red=chunk)
+    # IG_MFAST's columns are channel-innermost (c_inner), in the kernel and in igemm_finalize alike
+    d = call._desc(n_split, xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset, red=chunk,
+                   c_inner=int(sp.mfast))
     m, n, z = g.CY, g.CX * g.taps, g.G * n_split
     entry = _kernel(call, "bwd_weight", d, (x, w, y), sp, m, n, z, count * n_split)
     if entry is TOO_LARGE:  # before the workspace is taken
@@ -166,7 +254,7 @@ def bwd_weight(call, x, y, w, xs, ws, ys):
     evt = _launch(call, entry, "bwd_weight", d, (x, y, w, part), sp, m, n, z)
     if n_split == 1:
         return evt
-    d = call._desc(count, ws=ws, wo=w.offset, red=n_split)
+    d = call._desc(count, ws=ws, wo=w.offset, red=n_split, c_inner=int(sp.mfast))
     d.idx64 = rt.force_idx64 or not rt.index_fits_int32(count * n_split + 64, w.span)
     entry = call.rt.ig_kernel(call.dtype, d.idx64, sp.defines, "finalize")
     ls = 16 if call.rt.is_cpu else 64

@@ -262,7 +262,7 @@ class Runtime:
     def _build(self, defines: tuple[str, ...], source: str = "conv.cl") -> dict:
         folder = str(sources.folder("opencl"))
         inc = f'"{folder}"' if " " in folder else folder
-        options = ["-I", inc] + [f"-D{d}" for d in defines]
+        options = ["-I", inc] + [d if d.startswith("-") else f"-D{d}" for d in defines]  # "-...": a build option
         src = sources.read("opencl", source)
         cache = os.path.join(knobs.cache_dir(), "pyopencl")
         os.makedirs(cache, exist_ok=True)

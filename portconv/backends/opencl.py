@@ -211,7 +211,8 @@ class _Call:
         self.c_inner = int(plan.memory_format != "contiguous")
         self.dw = dw_spec(self.problem, self.geo, plan.memory_format, self.rt.is_cpu)[0]
         self.dwcl = dw_cl_spec(self.problem, self.geo, plan.memory_format, self.rt.is_cpu)
-        self.ig = igemm.spec(self.geo, self.rt.is_cpu) if plan.algorithm.startswith("igemm") else None
+        self.ig = (igemm.spec(self.geo, self.rt.is_cpu, igemm.tc_of(plan.algorithm))
+                   if plan.algorithm.startswith("igemm") else None)
 
     def up(self, x, role: int) -> rt.DevTensor:
         """Call argument number ``role`` (forward: input, weight, bias; backward: grad_output, input, weight)."""
@@ -443,15 +444,19 @@ class OpenCLBackend(Backend):
         t = "-transposed" if problem.params.transposed else ""
         spec, _ = dw_spec(problem, geo, fmt, device.kind == "cpu")
         dense, dense_why = ("depthwise", "") if geo.depthwise else igemm.mode(device.kind)
+        math_ = "fp32-accumulate" if dt in ("float16", "bfloat16") else "ieee"
         if dense == "igemm":
-            why = (igemm.reason(geo, igemm.spec(geo, device.kind == "cpu"), problem.params.transposed, dense_why,
+            tc, tc_why = igemm.tc_mode(dt, device)
+            why = (igemm.reason(geo, igemm.spec(geo, device.kind == "cpu", tc), problem.params.transposed, dense_why,
                                 device.name) + f"; grad-bias: one work-group per channel; results {fmt_why}"
-                   + _DTYPE_NOTE.get(dt, ""))
+                   + (f"; tensor cores: {tc_why}" if tc else f"; FMA products ({tc_why})") + _DTYPE_NOTE.get(dt, ""))
+            if tc:
+                dense, math_ = "igemm-tc", ("tf32" if dt == "float32" else math_)
         else:
             cl = dw_cl_spec(problem, geo, fmt, device.kind == "cpu") if spec is None else None
             why = (_reason_cl(problem, geo, fmt_why, device, cl) if cl else _reason(problem, geo, fmt_why, device, spec)
                    ) + (f" (chosen by {dense_why})" if dense_why else "")
-        return Choice(dense + t, fmt, why, math="fp32-accumulate" if dt in ("float16", "bfloat16") else "ieee")
+        return Choice(dense + t, fmt, why, math=math_)
 
     def devices(self) -> list[DeviceInfo]:
         if not self.probe() and rt.select(None)[1] is None:

@@ -11,6 +11,13 @@
 #   4. the same rows, opencl only, with other tiles (TILES, default "128,64,16,8,4 128,128,8,8,8": BM,BN,BK,TM,TN)
 #      -> $OUT/ocl-<tile>/ and the geomean of default_ms / tile_ms per direction (> 1: that tile is faster)
 #   5. the direct kernels (PORTCONV_OPENCL_DENSE=direct) on 6 rows -> $OUT/ocl-direct ("before")
+#   6. ptx: the tensor-core tile's programs (Note [OpenCL tensor cores]) per dtype: private / local memory, work-group
+#      size, mma count and local-memory (spill) declarations in NVIDIA's PTX -> $OUT/ptx.txt (scripts/gpu/ocl_tc_ptx.py)
+#   7. fma: the same bench with PORTCONV_OPENCL_TC=off (the FMA tiles) -> $OUT/ocl-fma/, geomean fma_ms / default_ms
+#   8. tctile: the bench, opencl only, once per tensor-core tile of TC_TILES ("BM,BN,BK,WM,WN[,REGS] ...", TC_TILE patched in
+#      that process) -> $OUT/tc-<tile>/, geomean per direction of tile_ms / default_ms (< 1: that tile is faster)
+# CONFORM_DTYPES (default "float32 float16 bfloat16") are the conformance step's dtypes (CONFORM_S=0: none), TEST_K
+# the -k filter of its tests/test_opencl.py run.
 # STEPS="env test bench tile direct" (default: all) picks steps; ROWS overrides the row list; BENCH_ARGS is added to
 # every bench (a dry run on a CPU-only machine: PORTCONV_OPENCL_DEVICE=cpu BENCH_ARGS="--device cpu --scale-batch 1").
 set -uo pipefail
@@ -58,10 +65,11 @@ if has env; then
   } > "$OUT/env.txt" 2>&1; head -8 "$OUT/env.txt"; grep -m3 -i "algorithm" "$OUT/env.txt"
 fi
 if has test; then
-  PORTCONV_POISON=1 timeout 75 python3 -m pytest -q -p no:cacheprovider tests/test_conformance.py --backend opencl \
+  [ "${CONFORM_S:-150}" != 0 ] && PORTCONV_POISON=1 timeout ${CONFORM_S:-150} python3 -m pytest -q -p no:cacheprovider tests/test_conformance.py \
+    --backend opencl $(for d in ${CONFORM_DTYPES:-float32 float16 bfloat16}; do echo --dtype $d; done) \
     > "$OUT/conformance-opencl-gpu.txt" 2>&1; echo "== conformance (opencl on the GPU) rc=$?"
   tail -2 "$OUT/conformance-opencl-gpu.txt"
-  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_opencl.py -k "igemm or forced_direct or against" \
+  timeout ${TEST_S:-60} python3 -m pytest -q -p no:cacheprovider tests/test_opencl.py -k "${TEST_K:-igemm or forced_direct or against or tensor_core}" \
     > "$OUT/test-opencl-gpu.txt" 2>&1; echo "== tests/test_opencl.py igemm tests on the GPU rc=$?"
   grep -E "^(FAILED|ERROR)" "$OUT/test-opencl-gpu.txt" | cut -c1-200 | head -8; tail -1 "$OUT/test-opencl-gpu.txt"
 fi
@@ -87,6 +95,25 @@ for d in ("fwd", "bwd-data", "bwd-weight"):
         print(f"  {d}: default tile ms / this tile ms, geomean {math.exp(sum(map(math.log, rs)) / len(rs)):.3f} "
               f"over {len(rs)} rows")
 EOF
+done
+if has ptx; then  # the tensor-core programs as NVIDIA's OpenCL compiler built them
+  timeout 90 python3 scripts/gpu/ocl_tc_ptx.py > "$OUT/ptx.txt" 2>&1; echo "== ptx rc=$?"
+  grep -E "^(float|bfloat)|ptxas" "$OUT/ptx.txt" | cut -c1-400
+fi
+if has fma; then  # the FMA tiles on the same rows: what the tensor cores changed
+  PORTCONV_OPENCL_TC=off timeout ${FMA_S:-120} $BENCH --backend opencl --out "$OUT/ocl-fma" > "$OUT/bench-ocl-fma.txt" 2>&1
+  echo "== bench FMA tiles rc=$?"
+  python3 scripts/gpu/ocl_compare.py "$OUT/ocl-fma/bench.json" "$OUT/ocl/bench.json" "FMA-tile ms / default ms"
+fi
+for tile in ${TC_TILES:-}; do  # step tctile: the bench with another tensor-core tile (TC_TILE patched in this process)
+  has tctile || break
+  timeout ${TCTILE_S:-70} python3 -c "import sys; from portconv.backends import _cl_igemm as g
+bm, bn, bk, wm, wn, regs = (list(map(int, sys.argv[1].split(','))) + [0])[:6]
+g.TC_TILE = g.IgSpec(bm, bn, bk, 0, 0, tc='ptx', wm=wm, wn=wn, regs=regs)
+from portconv.bench.cli import standalone; sys.exit(standalone(sys.argv[2:]))" "$tile" \
+    --rows "$ROWS" --backend opencl --cell-seconds 0.5 --runs 20 --no-torch-variants ${BENCH_ARGS:-} --out "$OUT/tc-$tile" \
+    > "$OUT/bench-tc-$tile.txt" 2>&1; echo "== bench tensor-core tile $tile rc=$?"
+  python3 scripts/gpu/ocl_compare.py "$OUT/tc-$tile/bench.json" "$OUT/ocl/bench.json" "this tile ms / default ms"
 done
 if has direct; then  # the direct kernels (before igemm) on a few rows, opencl only
   PORTCONV_OPENCL_DENSE=direct timeout 60 python3 -m portconv.bench --backend opencl --cell-seconds 1 --runs 10 \
