@@ -488,9 +488,9 @@ CL_KERNELS = DW_KERNELS + ("dw_cl_fwd", "dw_cl_bwd_data", "dw_cl_bwd_weight")
 @pytest.mark.parametrize("dt", ["f32", "f64", "bf16"])
 @pytest.mark.parametrize("edge", DW_CL_EDGES, ids=lambda e: e[0])
 def test_depthwise_channels_last_kernels(edge, dt, split, monkeypatch):
-    """Note [channels-last depthwise]: channels-last depthwise problems (channels in whole vectors) on the CPU run
-    dw_cl_* in every direction (the grad-weight in one pass, or split over positions with dw_finalize) and match
-    float64."""
+    """Note [channels-last depthwise]: channels-last depthwise problems (channels in whole vectors) run dw_cl_fwd and
+    dw_cl_bwd_data, and on CPU devices dw_cl_bwd_weight (in one pass, or split over positions with dw_finalize), and
+    match float64."""
     from portconv.backends import opencl as ob
 
     monkeypatch.setattr(ob, "dw_splits", lambda *a: 3 if split else 1)
@@ -500,8 +500,12 @@ def test_depthwise_channels_last_kernels(edge, dt, split, monkeypatch):
     plan, launched = _run_all(x, w, b, p, dtype, CL_KERNELS, go_like_y=True)
     assert plan.algorithm == "depthwise" and "dw_cl_fwd" in plan.reason, plan.reason
     assert launched.get("dw_cl_fwd") == 1 and launched.get("dw_cl_bwd_data") == 1, launched
-    assert launched.get("dw_cl_bwd_weight") == 1 and launched.get("dw_finalize", 0) == int(split), launched
-    assert not any(launched.get(kn) for kn in ("fwd", "bwd_data", "bwd_weight")), launched
+    assert not any(launched.get(kn) for kn in ("fwd", "bwd_data")), launched
+    if plan.device.kind == "cpu":
+        assert launched.get("dw_cl_bwd_weight") == 1 and launched.get("dw_finalize", 0) == int(split), launched
+        assert not launched.get("bwd_weight"), launched
+    else:  # GPUs: the generic grad-weight
+        assert launched.get("bwd_weight") == 1 and not launched.get("dw_cl_bwd_weight"), launched
 
 
 def test_depthwise_channels_last_kernels_only_where_they_apply():
@@ -522,6 +526,33 @@ def test_depthwise_channels_last_kernels_only_where_they_apply():
     check(got[1], gw, torch.float32, "grad_weight")
     ran = {k: rt.stats[k] - before.get(k, 0) for k in CL_KERNELS if rt.stats[k] - before.get(k, 0)}
     assert ran.get("bwd_data") == 1 and ran.get("bwd_weight") == 1 and not ran.get("dw_cl_bwd_data"), ran
+
+
+def test_depthwise_channels_last_gpu_settings(monkeypatch):
+    """On a GPU device the channels-last kernels build without DW_CPU (vloadn), run 8x4x4 work-groups, and leave the
+    grad-weight to the generic kernel (the reason says so); those settings also run, and match, on this device."""
+    from portconv.backends import opencl as ob
+    from portconv.plan import clear_cache
+
+    x, w, b, p = _dw_case((16, 9, 13), (3, 3), 1, 1, 1, 2, torch.bfloat16, fmt="channels_last")
+    problem = Problem(p, spec_of(x), spec_of(w), True)
+    geo = ob.geometry(problem)
+    gpu = ob.dw_cl_spec(problem, geo, "channels_last", False)
+    assert gpu is not None and not gpu.cpu and gpu.local == ob.DW_CL_LOCAL_GPU and "DW_CPU" not in gpu.defines
+    dev = rt.info(*rt.default_index())
+    reason = get("opencl").choose(problem, dataclasses.replace(dev, kind="gpu")).reason
+    assert "grad-weight: the generic kernel" in reason and "work-groups 8x4x4" in reason, reason
+    orig = ob.dw_cl_spec.__wrapped__
+    monkeypatch.setattr(ob, "dw_cl_spec", lambda pr, g, f, cpu: orig(pr, g, f, False))
+    clear_cache()
+    try:
+        for dtype in (torch.bfloat16, torch.float32):
+            x, w, b, p = _dw_case((16, 9, 13), (3, 3), 2, 1, 1, 2, dtype, fmt="channels_last")
+            _, launched = _run_all(x, w, b, p, dtype, CL_KERNELS, go_like_y=True)
+            assert launched.get("dw_cl_fwd") == 1 and launched.get("dw_cl_bwd_data") == 1, launched
+            assert launched.get("bwd_weight") == 1 and not launched.get("dw_cl_bwd_weight"), launched
+    finally:
+        clear_cache()
 
 
 def test_depthwise_dilated_and_transposed_run_the_generic_kernels():

@@ -88,6 +88,7 @@ def geometry(problem: Problem) -> Geometry:
 DW_KERNEL_SIZES = {(1, 1, 3), (1, 3, 3), (3, 3, 3), (1, 5, 5)}
 DW_CLW = 4  # Note [channels-last depthwise]: W positions per work-item (opencl/depthwise.cl's DW_CLW)
 DW_CL_LOCAL = (2, 2, 2)  # ... and its work-groups (8 work-items: PoCL runs a group's items in one loop)
+DW_CL_LOCAL_GPU = (8, 4, 4)  # GPUs: 8 channel blocks (one 128-byte line of bfloat16 x 8 lanes) x 4 W blocks x 4 rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,12 +165,14 @@ def dw_spec(problem: Problem, geo: Geometry, fmt: str, cpu: bool) -> tuple[DwSpe
 @functools.lru_cache(maxsize=512)
 def dw_cl_spec(problem: Problem, geo: Geometry, fmt: str, cpu: bool) -> DwSpec | None:
     """Note [channels-last depthwise] (opencl/depthwise.cl): the settings of the kernels that vectorise along C for
-    channels-last depthwise problems on a CPU device, or None (they need channel multiplier 1 and C in whole
-    vectors; otherwise the generic kernels run, as on GPUs, where they were not measured)."""
-    if not cpu or fmt == "contiguous" or geo.CY != 1 or dw_spec(problem, geo, "contiguous", cpu)[0] is None:
+    channels-last depthwise problems, or None (they need channel multiplier 1 and C in whole vectors; otherwise the
+    generic kernels run). CPU devices run all three directions on them; GPUs the forward and backward-data, their
+    grad-weight (one work-item per channel block and split, a CPU design) stays on the generic kernel."""
+    if fmt == "contiguous" or geo.CY != 1 or dw_spec(problem, geo, "contiguous", cpu)[0] is None:
         return None
     vw = 4 if problem.dtype == "float64" else 8
-    return DwSpec(vw, 1, (1, 1, 1), 1, geo.K, geo.S, cpu=True, cl=True) if geo.G % vw == 0 else None
+    local = DW_CL_LOCAL if cpu else DW_CL_LOCAL_GPU
+    return DwSpec(vw, 1, local, 1, geo.K, geo.S, cpu=cpu, cl=True) if geo.G % vw == 0 else None
 
 
 def _five(t: rt.DevTensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -294,8 +297,8 @@ class _Call:
         if self._dwcl_ok(x, y) and math.prod(y.shape):  # Note [channels-last depthwise]
             rows = g.N * g.Y[0] * g.Y[1]
             d = self._desc(rows, xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset, **bkw)
-            return self._dw_run("cl_fwd", d, (x, w, y), (x, w, bbuf, y), self._cl_grid(g.Y[2], rows), DW_CL_LOCAL,
-                                spec=self.dwcl)
+            return self._dw_run("cl_fwd", d, (x, w, y), (x, w, bbuf, y), self._cl_grid(g.Y[2], rows),
+                                self.dwcl.local, spec=self.dwcl)
         if self.ig is not None and math.prod(y.shape):
             evt = igemm.fwd(self, x, w, y, bbuf, bkw, xs, ws, ys)
             if evt is not igemm.TOO_LARGE:
@@ -318,7 +321,7 @@ class _Call:
             rows = g.N * g.X[0] * g.X[1]
             d = self._desc(rows, xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset)
             return self._dw_run("cl_bwd_data", d, (x, w, y), (y, w, bbuf, x), self._cl_grid(g.X[2], rows),
-                                DW_CL_LOCAL, spec=self.dwcl)
+                                self.dwcl.local, spec=self.dwcl)
         if self.ig is not None and self.ig.phases and math.prod(x.shape):
             evt = igemm.bwd_data(self, y, w, x, bbuf, bkw, xs, ws, ys)
             if evt is not igemm.TOO_LARGE:
@@ -332,7 +335,7 @@ class _Call:
         (_, xs), (_, ws), (_, ys) = _five(x), _five(w), _five(y)
         if self._dw_ok(x, y) and math.prod(w.shape):
             return self._dw_bwd_weight(x, y, w, xs, ws, ys)
-        if self._dwcl_ok(x, y) and math.prod(w.shape):
+        if self._dwcl_ok(x, y) and self.dwcl.cpu and math.prod(w.shape):
             return self._dw_cl_bwd_weight(x, y, w, xs, ws, ys)
         if self.ig is not None and math.prod(w.shape):
             evt = igemm.bwd_weight(self, x, y, w, xs, ws, ys)
@@ -517,8 +520,11 @@ def _reason_cl(problem: Problem, geo: Geometry, fmt_why: str, device: DeviceInfo
     st = "x".join(str(v) for v, kk in zip(geo.S, geo.K) if kk > 1) or "1"
     return (f"channels-last depthwise kernels (opencl/depthwise.cl, Note [channels-last depthwise]) on {device.name}: "
             f"{k} stride {st}, {spec.vw} channels x {DW_CLW} W positions per work-item; "
-            f"forward: dw_cl_fwd; backward-data: dw_cl_bwd_data; grad-weight: dw_cl_bwd_weight, one work-item per "
-            f"(channel block, split) + dw_finalize when split; tensors whose channels are not contiguous run the "
+            f"forward: dw_cl_fwd; backward-data: dw_cl_bwd_data; grad-weight: "
+            + ("dw_cl_bwd_weight, one work-item per (channel block, split) + dw_finalize when split" if spec.cpu else
+               "the generic kernel, one work-group per weight element (dw_cl_bwd_weight's one work-item per channel "
+               "block and split is a CPU design)")
+            + f"; work-groups {'x'.join(map(str, spec.local))}; tensors whose channels are not contiguous run the "
             f"generic kernels; grad-bias: one work-group per channel; results {fmt_why}"
             + ("; bfloat16 stored as ushort, computed in float32, rounded to nearest even"
                if problem.dtype == "bfloat16" else ""))
