@@ -1,6 +1,6 @@
 /* portconv OpenCL depthwise kernels (dw_*): forward, backward-data and backward-weight of a depthwise
  * convolution (CX == 1, dilation 1, not transposed) whose x and y rows are contiguous along W; at the end,
- * dw_cl_*: the same for channels-last tensors (C contiguous) on CPU devices (Note [channels-last depthwise]).
+ * dw_cl_*: the same for channels-last tensors (C contiguous) (Note [channels-last depthwise]).
  * Same canonical convolution and descriptor as conv.cl (Note [canonical convolution] in common.h).
  *
  * Note [depthwise kernels]: work-item dimension 0 runs along the contiguous W axis and every work-item
@@ -553,14 +553,17 @@ __kernel void dw_finalize(const conv_desc d, __global const ACC *part, __global 
 }
 
 #ifdef DW_CL
-/* Note [channels-last depthwise] (CPU devices): channels-last tensors have C, not W, contiguous, so the kernels
+/* Note [channels-last depthwise]: channels-last tensors have C, not W, contiguous, so the kernels
  * above (vectors along W) do not apply; these vectorise along C instead. Channel multiplier 1, C a multiple of
  * DW_VW, x and y (grad_input and grad_output in backward) with channel stride 1 (the host checks). A work-item
  * takes DW_VW neighbouring channels, holds their TAPS weight vectors in registers (gathered once: weights are
  * channel-major) and runs DW_CLW neighbouring W positions of one (n, d, h) row; taps in the padding are skipped
  * per work-item (uniform over its lanes). Every load and store is one DW_VW vector. Measured on PoCL
  * (docs/performance/cpu-pocl-2026-11-23): the generic per-element kernels took 9.4 ms forward on
- * mbv2-dw3x3-bf16-cl at batch 1, where this host's PyTorch took 0.4 ms. */
+ * mbv2-dw3x3-bf16-cl at batch 1, where this host's PyTorch took 0.4 ms.
+ * CPU devices run all three kernels; GPUs dw_cl_fwd and dw_cl_bwd_data (8x4x4 work-groups, vloadn), their grad-weight
+ * stays on the generic kernel (one work-item per channel block and split is a CPU design): H100, mbv2-dw3x3-bf16-cl
+ * forward 0.300 -> 0.144 ms, backward-data 0.581 -> 0.143 ms (docs/performance/h100-2026-11-23-opencl-tc/dw-cl-gpu). */
 #define DW_CLW 4 /* W positions per work-item */
 
 /* The TAPS weight vectors of channels c0 .. c0+DW_VW (weight element (c, 0, r0, r1, r2)), in tap order. */
