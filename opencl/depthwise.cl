@@ -564,7 +564,9 @@ __kernel void dw_finalize(const conv_desc d, __global const ACC *part, __global 
  * CPU devices run all three kernels; GPUs dw_cl_fwd and dw_cl_bwd_data (8x4x4 work-groups, vloadn), their grad-weight
  * stays on the generic kernel (one work-item per channel block and split is a CPU design): H100, mbv2-dw3x3-bf16-cl
  * forward 0.300 -> 0.144 ms, backward-data 0.581 -> 0.143 ms (docs/performance/h100-2026-11-23-opencl-tc/dw-cl-gpu). */
-#define DW_CLW 4 /* W positions per work-item */
+#ifndef DW_CLW
+#define DW_CLW 4 /* W positions per work-item (the host sets it per device type) */
+#endif
 
 /* The TAPS weight vectors of channels c0 .. c0+DW_VW (weight element (c, 0, r0, r1, r2)), in tap order. */
 DW_INLINE void cl_taps(const conv_desc *d, __global const T *w, idx_t c0, VT *wv) {

@@ -480,6 +480,7 @@ DW_CL_EDGES = [  # Note [channels-last depthwise]: (id, shape (C, *spatial), ker
     ("c24-5x5-stride2-pad2", (24, 12, 9), (5, 5), 2, 2, 1),
     ("c8-3d-3x3x3", (8, 5, 6, 7), (3, 3, 3), 1, 1, 2),
     ("c16-3d-stride2-pad2", (16, 6, 7, 9), (3, 3, 3), 2, 2, 1),
+    ("c8-w37-several-w-blocks", (8, 5, 37), (3, 3), 1, 1, 1),  # 16 W positions per CPU work-item: 16 + 16 + 5
 ]
 CL_KERNELS = DW_KERNELS + ("dw_cl_fwd", "dw_cl_bwd_data", "dw_cl_bwd_weight")
 

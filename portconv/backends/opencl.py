@@ -86,7 +86,10 @@ def geometry(problem: Problem) -> Geometry:
 # with a kernel size of the table below and strides 1 or 2; the kernel size and strides are compile-time
 # constants of the program. Everything else runs the generic kernels of conv.cl.
 DW_KERNEL_SIZES = {(1, 1, 3), (1, 3, 3), (3, 3, 3), (1, 5, 5)}
-DW_CLW = 4  # Note [channels-last depthwise]: W positions per work-item (opencl/depthwise.cl's DW_CLW)
+# Note [channels-last depthwise]: W positions per work-item (opencl/depthwise.cl's DW_CLW). CPU: 16 (the taps'
+# weight gathers, 8 scalar loads per tap, amortised over more positions; PoCL, mbv2-dw3x3-bf16-cl forward +
+# backward-data, two runs each: 1.88 / 1.95 ms at 4, 1.34 / 1.46 at 16, 1.24 / 1.62 at 8); GPU: 4 (measured, H100).
+DW_CLW_CPU, DW_CLW_GPU = 16, 4
 DW_CL_LOCAL = (2, 2, 2)  # ... and its work-groups (8 work-items: PoCL runs a group's items in one loop)
 DW_CL_LOCAL_GPU = (8, 4, 4)  # GPUs: 8 channel blocks (one 128-byte line of bfloat16 x 8 lanes) x 4 W blocks x 4 rows
 
@@ -104,13 +107,14 @@ class DwSpec:
     nb: int = 1  # such row blocks per work-item
     cpu: bool = False  # DW_CPU: unaligned vector dereferences instead of vloadn/vstoren (CPU compilers)
     cl: bool = False  # DW_CL: the channels-last kernels (Note [channels-last depthwise]) instead of the W-vector ones
+    clw: int = 0  # DW_CLW of the channels-last kernels: W positions per work-item
 
     @property
     def defines(self) -> tuple[str, ...]:
         return (f"DW_VW={self.vw}", f"DW_RB={self.rb}", f"DW_NB={self.nb}",
                 *(f"DW_K{i}={k}" for i, k in enumerate(self.K)),
                 *(f"DW_S{i}={s}" for i, s in enumerate(self.S))) + (("DW_CPU",) if self.cpu else ()) + (
-                    ("DW_CL",) if self.cl else ())
+                    ("DW_CL", f"DW_CLW={self.clw}") if self.cl else ())
 
     def grid(self, extents) -> tuple[int, int]:
         """fwd / bwd-data work-items (W blocks, row blocks) over the written tensor's (D, H, W) extents."""
@@ -172,7 +176,8 @@ def dw_cl_spec(problem: Problem, geo: Geometry, fmt: str, cpu: bool) -> DwSpec |
         return None
     vw = 4 if problem.dtype == "float64" else 8
     local = DW_CL_LOCAL if cpu else DW_CL_LOCAL_GPU
-    return DwSpec(vw, 1, local, 1, geo.K, geo.S, cpu=cpu, cl=True) if geo.G % vw == 0 else None
+    clw = DW_CLW_CPU if cpu else DW_CLW_GPU
+    return DwSpec(vw, 1, local, 1, geo.K, geo.S, cpu=cpu, cl=True, clw=clw) if geo.G % vw == 0 else None
 
 
 def _five(t: rt.DevTensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -368,7 +373,7 @@ class _Call:
 
     def _cl_grid(self, width: int, rows: int) -> tuple[int, int, int]:
         """Note [channels-last depthwise]: work-items (channel blocks, W blocks of DW_CLW, rows)."""
-        return self.geo.G // self.dwcl.vw, -(-width // DW_CLW), rows
+        return self.geo.G // self.dwcl.vw, -(-width // self.dwcl.clw), rows
 
     def _dw_cl_bwd_weight(self, x, y, w, xs, ws, ys):
         """Note [channels-last depthwise] grad-weight: one work-item per (channel block, split) walking its positions
@@ -519,7 +524,7 @@ def _reason_cl(problem: Problem, geo: Geometry, fmt_why: str, device: DeviceInfo
     k = "x".join(str(v) for v in geo.K if v > 1) or "1"
     st = "x".join(str(v) for v, kk in zip(geo.S, geo.K) if kk > 1) or "1"
     return (f"channels-last depthwise kernels (opencl/depthwise.cl, Note [channels-last depthwise]) on {device.name}: "
-            f"{k} stride {st}, {spec.vw} channels x {DW_CLW} W positions per work-item; "
+            f"{k} stride {st}, {spec.vw} channels x {spec.clw} W positions per work-item; "
             f"forward: dw_cl_fwd; backward-data: dw_cl_bwd_data; grad-weight: "
             + ("dw_cl_bwd_weight, one work-item per (channel block, split) + dw_finalize when split" if spec.cpu else
                "the generic kernel, one work-group per weight element (dw_cl_bwd_weight's one work-item per channel "
