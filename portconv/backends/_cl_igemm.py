@@ -85,23 +85,23 @@ NARROW_TILES = {(False, "cols", 16): IgSpec(128, 16, 8, 8, 2), (False, "rows", 1
 
 
 # Tensor-core tiles narrow on one side (Note [OpenCL tensor cores]): the padded mma costs little next to the gathers,
-# so a GEMM of C_in = 1..3 columns (backward-data of a stem) or 4 rows per group keeps the tensor cores.
+# so a GEMM of C_in = 1..3 columns (backward-data of a stem) or 4 rows per group keeps the tensor cores. Values:
+# (IG_BM, IG_BN, IG_WM, IG_WN); the rest of the problem's tile (products, BK, flags) is kept.
 TC_NARROW = {("cols", 8): (128, 8, 4, 1), ("cols", 16): (128, 16, 4, 1), ("rows", 16): (16, 128, 1, 4)}
 
 
 def fit(sp: IgSpec, rows: int, cols: int) -> IgSpec:
     """The tile of one GEMM of ``rows`` x ``cols`` per group: ``sp``, or a narrow one (NARROW_TILES, TC_NARROW)."""
     side, size = ("cols", cols) if cols <= NARROW and cols < rows else ("rows", rows)
-    if sp.tc:
-        widths = [w for (sd, w) in TC_NARROW if sd == side and size <= w]
-        if not widths or (sp.bn if side == "cols" else sp.bm) <= min(widths):
-            return sp
-        bm, bn, wm, wn = TC_NARROW[(side, min(widths))]
-        return dataclasses.replace(sp, bm=bm, bn=bn, wm=wm, wn=wn)
-    widths = [w for (cpu, sd, w) in NARROW_TILES if cpu == sp.cpu and sd == side and size <= w]
+    table = TC_NARROW if sp.tc else {(sd, w): t for (cpu, sd, w), t in NARROW_TILES.items() if cpu == sp.cpu}
+    widths = [w for (sd, w) in table if sd == side and size <= w]
     if not widths or (sp.bn if side == "cols" else sp.bm) <= min(widths):
         return sp
-    return dataclasses.replace(NARROW_TILES[(sp.cpu, side, min(widths))], phases=sp.phases)
+    narrow = table[(side, min(widths))]
+    if sp.tc:
+        bm, bn, wm, wn = narrow
+        return dataclasses.replace(sp, bm=bm, bn=bn, wm=wm, wn=wn)
+    return dataclasses.replace(narrow, phases=sp.phases)
 
 
 def mode(device_kind: str) -> tuple[str, str]:
@@ -130,23 +130,27 @@ def spec(geo, cpu: bool, tc: str = "") -> IgSpec:
 TC_MODES = ("off", "ptx", "portable")
 
 
+def _tc_knob() -> str:
+    """PORTCONV_OPENCL_TC as one of TC_MODES, or '' (unset or unknown: the default rule)."""
+    v = (knobs.get("PORTCONV_OPENCL_TC") or "").strip().lower()
+    return v if v in TC_MODES else ""
+
+
 def tc_of(algorithm: str) -> str:
     """The products a plan's algorithm ('igemm-tc...') runs: 'portable' when forced so (the knob is part of the
     plan's key), else 'ptx'; '' for the FMA tiles."""
     if not algorithm.startswith("igemm-tc"):
         return ""
-    return "portable" if (knobs.get("PORTCONV_OPENCL_TC") or "").strip().lower() == "portable" else "ptx"
+    return "portable" if _tc_knob() == "portable" else "ptx"
 
 
 def tc_mode(dtype: str, device) -> tuple[str, str]:
     """('' | 'ptx' | 'portable', why) for a dense problem of ``dtype`` on ``device`` (a DeviceInfo)."""
     if dtype == "float64":
         return "", "float64 has no tensor-core mma here"
-    forced = (knobs.get("PORTCONV_OPENCL_TC") or "").strip().lower()
-    if forced in ("ptx", "portable"):
-        return forced, f"PORTCONV_OPENCL_TC={forced}"
-    if forced == "off":
-        return "", "PORTCONV_OPENCL_TC=off"
+    forced = _tc_knob()
+    if forced:
+        return ("" if forced == "off" else forced), f"PORTCONV_OPENCL_TC={forced}"
     arch = device.arch or ""
     if device.vendor != "nvidia" or device.kind != "gpu" or not arch.startswith("sm_") or int(arch[3:] or 0) < 80:
         return "", f"no tensor-core mma on {device.name} ({device.vendor} {device.kind} {arch}; PTX mma needs sm_80+)"

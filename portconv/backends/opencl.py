@@ -107,7 +107,6 @@ class DwSpec:
     nb: int = 1  # such row blocks per work-item
     cpu: bool = False  # DW_CPU: unaligned vector dereferences instead of vloadn/vstoren (CPU compilers)
     cl: bool = False  # DW_CL: the channels-last kernels (Note [channels-last depthwise]) instead of the W-vector ones
-    clw: int = 0  # DW_CLW of the channels-last kernels: W positions per work-item
 
     @property
     def defines(self) -> tuple[str, ...]:
@@ -115,6 +114,11 @@ class DwSpec:
                 *(f"DW_K{i}={k}" for i, k in enumerate(self.K)),
                 *(f"DW_S{i}={s}" for i, s in enumerate(self.S))) + (("DW_CPU",) if self.cpu else ()) + (
                     ("DW_CL", f"DW_CLW={self.clw}") if self.cl else ())
+
+    @property
+    def clw(self) -> int:
+        """DW_CLW of the channels-last kernels: W positions per work-item, by device type."""
+        return DW_CLW_CPU if self.cpu else DW_CLW_GPU
 
     def grid(self, extents) -> tuple[int, int]:
         """fwd / bwd-data work-items (W blocks, row blocks) over the written tensor's (D, H, W) extents."""
@@ -176,8 +180,7 @@ def dw_cl_spec(problem: Problem, geo: Geometry, fmt: str, cpu: bool) -> DwSpec |
         return None
     vw = 4 if problem.dtype == "float64" else 8
     local = DW_CL_LOCAL if cpu else DW_CL_LOCAL_GPU
-    clw = DW_CLW_CPU if cpu else DW_CLW_GPU
-    return DwSpec(vw, 1, local, 1, geo.K, geo.S, cpu=cpu, cl=True, clw=clw) if geo.G % vw == 0 else None
+    return DwSpec(vw, 1, local, 1, geo.K, geo.S, cpu=cpu, cl=True) if geo.G % vw == 0 else None
 
 
 def _five(t: rt.DevTensor) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -9,7 +9,7 @@
 #   3. bench, default tile (igemm 64x64x16, 4x4 per work-item): the 17 dense suite rows, opencl + cudnn + torch
 #      -> $OUT/ocl/bench.{json,md}; then the per-direction geomean of cudnn_ms / opencl_ms (the target's number)
 #   4. the same rows, opencl only, with other tiles (TILES, default "128,64,16,8,4 128,128,8,8,8": BM,BN,BK,TM,TN)
-#      -> $OUT/ocl-<tile>/ and the geomean of default_ms / tile_ms per direction (> 1: that tile is faster)
+#      -> $OUT/ocl-<tile>/ and the geomean of tile_ms / default_ms per direction (< 1: that tile is faster)
 #   5. the direct kernels (PORTCONV_OPENCL_DENSE=direct) on 6 rows -> $OUT/ocl-direct ("before")
 #   6. ptx: the tensor-core tile's programs (Note [OpenCL tensor cores]) per dtype: private / local memory, work-group
 #      size, mma count and local-memory (spill) declarations in NVIDIA's PTX -> $OUT/ptx.txt (scripts/gpu/ocl_tc_ptx.py)
@@ -77,43 +77,24 @@ if has bench; then
   timeout 140 $BENCH --out "$OUT/ocl" > "$OUT/bench-ocl.txt" 2>&1; echo "== bench igemm 64x64 rc=$?"
   ratio "$OUT/ocl/bench.json" | tee "$OUT/ratio-ocl.txt"
 fi
-for tile in ${TILES:-128,64,16,8,4 128,128,8,8,8}; do
-  has tile || break  # the same bench with another tile (GPU_TILE patched in this process only)
-  timeout 65 python3 -c "import sys; from portconv.backends import _cl_igemm as g
-g.GPU_TILE = g.IgSpec(*map(int, sys.argv[1].split(',')))
-from portconv.bench.cli import standalone; sys.exit(standalone(sys.argv[2:]))" "$tile" \
-    --rows "$ROWS" --backend opencl --cell-seconds 0.5 --runs 20 --no-torch-variants ${BENCH_ARGS:-} --out "$OUT/ocl-$tile" \
-    > "$OUT/bench-ocl-$tile.txt" 2>&1; echo "== bench igemm tile $tile rc=$?"
-  python3 - "$OUT/ocl/bench.json" "$OUT/ocl-$tile/bench.json" <<'EOF'
-import json, math, sys
-a, b = (json.load(open(p)) for p in sys.argv[1:])
-med = lambda row, d: (row["results"].get("opencl", {}).get("directions", {}).get(d) or {}).get("median_ms")
-rb = {r["name"]: r for r in b["rows"]}
-for d in ("fwd", "bwd-data", "bwd-weight"):
-    rs = [med(r, d) / med(rb[r["name"]], d) for r in a["rows"] if r["name"] in rb and med(r, d) and med(rb[r["name"]], d)]
-    if rs:
-        print(f"  {d}: default tile ms / this tile ms, geomean {math.exp(sum(map(math.log, rs)) / len(rs)):.3f} "
-              f"over {len(rs)} rows")
-EOF
+# bench_tile NAME PATCH TILE: the bench, opencl only, in a process where PATCH (python, `g` = _cl_igemm, `t` = the TILE's
+# integers) replaced a default tile -> $OUT/NAME-TILE/, then per direction this tile's medians over the default's
+tile_bench() {
+  timeout ${TILE_S:-65} python3 -c "import sys; from portconv.backends import _cl_igemm as g
+t = list(map(int, sys.argv[1].split(',')))
+$2
+from portconv.bench.cli import standalone; sys.exit(standalone(sys.argv[2:]))" "$3" \
+    --rows "$ROWS" --backend opencl --cell-seconds 0.5 --runs 20 --no-torch-variants ${BENCH_ARGS:-} --out "$OUT/$1-$3" \
+    > "$OUT/bench-$1-$3.txt" 2>&1; echo "== bench $1 tile $3 rc=$?"
+  python3 scripts/gpu/ocl_compare.py "$OUT/$1-$3/bench.json" "$OUT/ocl/bench.json" "this tile ms / default ms"
+}
+for tile in ${TILES:-128,64,16,8,4 128,128,8,8,8}; do  # step tile: GPU_TILE (FMA) patched
+  has tile || break
+  tile_bench ocl "g.GPU_TILE = g.IgSpec(*t)" "$tile"
 done
-if has ptx; then  # the tensor-core programs as NVIDIA's OpenCL compiler built them
-  timeout 90 python3 scripts/gpu/ocl_tc_ptx.py > "$OUT/ptx.txt" 2>&1; echo "== ptx rc=$?"
-  grep -E "^(float|bfloat)|ptxas" "$OUT/ptx.txt" | cut -c1-400
-fi
-if has fma; then  # the FMA tiles on the same rows: what the tensor cores changed
-  PORTCONV_OPENCL_TC=off timeout ${FMA_S:-120} $BENCH --backend opencl --out "$OUT/ocl-fma" > "$OUT/bench-ocl-fma.txt" 2>&1
-  echo "== bench FMA tiles rc=$?"
-  python3 scripts/gpu/ocl_compare.py "$OUT/ocl-fma/bench.json" "$OUT/ocl/bench.json" "FMA-tile ms / default ms"
-fi
-for tile in ${TC_TILES:-}; do  # step tctile: the bench with another tensor-core tile (TC_TILE patched in this process)
+for tile in ${TC_TILES:-}; do  # step tctile: TC_TILE patched
   has tctile || break
-  timeout ${TCTILE_S:-70} python3 -c "import sys; from portconv.backends import _cl_igemm as g
-bm, bn, bk, wm, wn, regs = (list(map(int, sys.argv[1].split(','))) + [0])[:6]
-g.TC_TILE = g.IgSpec(bm, bn, bk, 0, 0, tc='ptx', wm=wm, wn=wn, regs=regs)
-from portconv.bench.cli import standalone; sys.exit(standalone(sys.argv[2:]))" "$tile" \
-    --rows "$ROWS" --backend opencl --cell-seconds 0.5 --runs 20 --no-torch-variants ${BENCH_ARGS:-} --out "$OUT/tc-$tile" \
-    > "$OUT/bench-tc-$tile.txt" 2>&1; echo "== bench tensor-core tile $tile rc=$?"
-  python3 scripts/gpu/ocl_compare.py "$OUT/tc-$tile/bench.json" "$OUT/ocl/bench.json" "this tile ms / default ms"
+  tile_bench tc "g.TC_TILE = g.IgSpec(*t[:3], 0, 0, tc='ptx', wm=t[3], wn=t[4], regs=(t + [0])[5])" "$tile"
 done
 if has direct; then  # the direct kernels (before igemm) on a few rows, opencl only
   PORTCONV_OPENCL_DENSE=direct timeout 60 python3 -m portconv.bench --backend opencl --cell-seconds 1 --runs 10 \
