@@ -93,6 +93,12 @@ typedef SHT __attribute__((aligned(sizeof(T)))) ht_unaligned;
 #define VLOAD(p) WIDEN_V(*(__global const vt_unaligned *)(p))
 #define HLOAD(p) WIDEN_H(*(__global const ht_unaligned *)(p))
 #define VSTORE(v, p) (*(__global vt_unaligned *)(p) = NARROW_V(v))
+#elif defined(DW_CLA)
+/* channels-last on a GPU with every vector at a multiple of DW_VW elements (offsets and strides; the host checks):
+ * one naturally aligned vector access (vloadn may assume only the element's alignment: DW_VW element loads) */
+#define VLOAD(p) WIDEN_V(*(__global const SVT *)(p))
+#define HLOAD(p) WIDEN_H(CAT(vload, DW_HW)(0, (p)))
+#define VSTORE(v, p) (*(__global SVT *)(p) = NARROW_V(v))
 #else
 #define VLOAD(p) WIDEN_V(CAT(vload, DW_VW)(0, (p)))
 #define HLOAD(p) WIDEN_H(CAT(vload, DW_HW)(0, (p)))
@@ -648,22 +654,36 @@ __kernel void dw_cl_bwd_data(const conv_desc d, __global const T *y, __global co
     }
 }
 
-/* Backward-weight: work-item (channel block, split s) sums x * dy over output positions [s*red, (s+1)*red) of
- * N x Y0 x Y1 x Y2 into TAPS vector accumulators, in position order; one split writes the weight, several write
- * partials[(c*splits + s)*TAPS + tap] for dw_finalize (the layout of dw_bwd_weight's). */
+#ifndef DW_CLR
+#define DW_CLR 1 /* position lanes per work-group of the grad-weight (GPUs); 1: one work-item walks its split */
+#endif
+#ifndef DW_CLB
+#define DW_CLB 1 /* channel blocks per work-group of the grad-weight */
+#endif
+
+/* Backward-weight: work-group (DW_CLB channel blocks x DW_CLR position lanes, split s). Lane l of a channel block
+ * sums x * dy over the positions jb + l, jb + l + DW_CLR, ... of the split's [s*red, (s+1)*red) of N x Y0 x Y1 x Y2
+ * into TAPS vector accumulators, in position order; the lanes' sums are added in a fixed tree in local memory (GPUs:
+ * 8 x 32 work-items, neighbouring channel blocks read one line per position; CPUs: one work-item per channel block
+ * and split, no tree). One split writes the weight, several write partials[(c*splits + s)*TAPS + tap] for
+ * dw_finalize (the layout of dw_bwd_weight's). Deterministic, no atomics. */
 __kernel void dw_cl_bwd_weight(const conv_desc d, __global const T *x, __global const T *y, __global T *w,
                                __global ACC *part) {
     const idx_t c0 = (idx_t)get_global_id(0) * DW_VW;
-    const idx_t s = (idx_t)get_global_id(1), splits = (idx_t)get_global_size(1);
-    if (c0 >= d.G) return;
+    const idx_t s = (idx_t)get_group_id(1), splits = (idx_t)get_num_groups(1);
+    const int lp = (int)get_local_id(1), live = c0 < d.G;
+#if DW_CLR == 1
+    if (!live) return;
+#endif
     const idx_t cnt = d.N * d.Y[0] * d.Y[1] * d.Y[2];
     const idx_t jb = s * d.red, je = jb + d.red < cnt ? jb + d.red : cnt;
     VT acc[TAPS];
 #pragma unroll
     for (int t = 0; t < TAPS; ++t) acc[t] = (VT)0;
-    if (jb < je) {
-        pos4 q = pos4_of(jb, d.Y[0], d.Y[1], d.Y[2]);
-        for (idx_t j = jb; j < je; ++j) {
+    if (live && jb + lp < je) {
+        pos4 q = pos4_of(jb + lp, d.Y[0], d.Y[1], d.Y[2]);
+        const pos4 step = pos4_of(DW_CLR, d.Y[0], d.Y[1], d.Y[2]);
+        for (idx_t j = jb + lp; j < je; j += DW_CLR) {
             const idx_t xb = d.xo + q.b * d.xs[0] + c0;
             const VT dy = VLOAD(y + d.yo + q.b * d.ys[0] + c0 + q.z * d.ys[2] + q.y * d.ys[3] + q.x * d.ys[4]);
 #pragma unroll
@@ -674,15 +694,27 @@ __kernel void dw_cl_bwd_weight(const conv_desc d, __global const T *x, __global 
                 if (i0 < 0 || i0 >= d.X[0] || i1 < 0 || i1 >= d.X[1] || i2 < 0 || i2 >= d.X[2]) continue;
                 acc[t] = FMA(VLOAD(x + xb + i0 * d.xs[2] + i1 * d.xs[3] + i2 * d.xs[4]), dy, acc[t]);
             }
-            if (++q.x == d.Y[2]) {
-                q.x = 0;
-                if (++q.y == d.Y[1]) {
-                    q.y = 0;
-                    if (++q.z == d.Y[0]) q.z = 0, ++q.b;
-                }
-            }
+            pos4_add(&q, step, d.Y[0], d.Y[1], d.Y[2]);
         }
     }
+#if DW_CLR > 1
+    __local CT red[DW_CLR][DW_CLB * DW_VW];
+    __local CT *mine = red[lp] + (int)get_local_id(0) * DW_VW;
+#pragma unroll
+    for (int t = 0; t < TAPS; ++t) {
+        VSTOREP(acc[t], mine);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int h = DW_CLR / 2; h > 0; h >>= 1) {
+            if (lp < h)
+#pragma unroll
+                for (int l = 0; l < DW_VW; ++l) mine[l] += mine[h * DW_CLB * DW_VW + l];
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }
+        acc[t] = VLOADP(mine);
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (lp != 0 || !live) return;
+#endif
 #pragma unroll
     for (int t = 0; t < TAPS; ++t) {
         CT e[DW_VW];

@@ -22,7 +22,8 @@
  * IG_CPU on CPU devices (helpers forced inline, as depthwise.cl's DW_CPU); IG_TC=1, IG_WM, IG_WN and IG_MMA_PTX
  * for the tensor-core products of Note [OpenCL tensor cores] (igemm_tc.h; IG_TM, IG_TN unused); IG_MFAST: load
  * work-items numbered along rows / columns first (the grad-weight of channels-last tensors, whose rows and columns
- * are channels, contiguous there; its reduction runs over positions, C elements apart).
+ * are channels, contiguous there; its reduction runs over positions, C elements apart); IG_TAPMAJOR: Note [OpenCL
+ * tap-major steps] (forward and backward-data kernels of a program built with it).
  */
 #include "common.h"
 
@@ -43,6 +44,9 @@
 
 #ifndef IG_TC
 #define IG_TC 0
+#endif
+#ifndef IG_TAPMAJOR
+#define IG_TAPMAJOR 0
 #endif
 #if IG_TC
 #include "igemm_tc.h"
@@ -72,6 +76,38 @@ typedef uint uidx_t;
 #endif
 /* 0 <= i < n in one unsigned comparison */
 #define INSIDE(i, n) ((uidx_t)(i) < (uidx_t)(n))
+
+/* Note [OpenCL tap-major steps]: the CUDA set's Note [tap-major steps] (cuda/conv_igemm.cuh). When the channel
+ * count CH of a forward or phase backward-data reduction over (channel, tap) is a multiple of IG_BK, the host runs it
+ * channel-innermost (d.c_inner) with IG_TAPMAJOR: the IG_BK indices of a step then share one tap, so a load
+ * work-item steps its own (channel, tap digits) by IG_BK without a division (ig_tap_next), and the bounds of its A
+ * rows, which depend only on the row and the tap, are tested once per tap into a bit per row instead of once per
+ * element. The ops give ig_<op>_{ch,r1,r2} (CH and the radices of the last two tap digits), ig_<op>_red_at (a Red
+ * from the digits), ig_<op>_A_ok and ig_<op>_A_ld (A's bounds test and its load). */
+typedef struct { idx_t ch, t0, t1, t2; } ig_tap;
+
+IG_INLINE ig_tap ig_tap_of(idx_t r, idx_t CH, idx_t R1, idx_t R2) {
+    ig_tap p;
+    idx_t tap = r / CH;
+    p.ch = r - tap * CH;
+    p.t2 = tap % R2;
+    tap /= R2;
+    p.t1 = tap % R1;
+    p.t0 = tap / R1;
+    return p;
+}
+
+/* r += IG_BK; 1 when the tap moved (for every work-item of the group alike: ch - rr and CH are multiples of IG_BK) */
+IG_INLINE int ig_tap_next(ig_tap *p, idx_t CH, idx_t R1, idx_t R2) {
+    p->ch += IG_BK;
+    if (p->ch < CH) return 0;
+    p->ch -= CH;
+    if (++p->t2 == R2) {
+        p->t2 = 0;
+        if (++p->t1 == R1) p->t1 = 0, ++p->t0;
+    }
+    return 1;
+}
 
 /* (channel, tap) of an index over CH*taps: channel-innermost when chan_inner. */
 IG_INLINE void chan_tap(const conv_desc *d, idx_t r, idx_t CH, int chan_inner, idx_t *ch, idx_t *r0, idx_t *r1,
@@ -129,6 +165,29 @@ IG_INLINE ig_fwd_redt ig_fwd_red(const ig_fwd_op *op, idx_t r, idx_t rend) {
     return t;
 }
 
+/* Note [OpenCL tap-major steps]: channels CX, tap digits (r0, r1, r2) of radices (K1, K2); the Red of a position */
+#define ig_fwd_ch(op) ((op)->d.CX)
+#define ig_fwd_r1(op) ((op)->d.K[1])
+#define ig_fwd_r2(op) ((op)->d.K[2])
+IG_INLINE ig_fwd_redt ig_fwd_red_at(const ig_fwd_op *op, const ig_tap *p) {
+    const conv_desc *d = &op->d;
+    ig_fwd_redt t;
+    t.ok = 1;
+    t.wo = p->ch * d->ws[1] + p->t0 * d->ws[2] + p->t1 * d->ws[3] + p->t2 * d->ws[4];
+    t.d0 = p->t0 * d->DL[0], t.d1 = p->t1 * d->DL[1], t.d2 = p->t2 * d->DL[2];
+    t.xo = p->ch * d->xs[1] + t.d0 * d->xs[2] + t.d1 * d->xs[3] + t.d2 * d->xs[4];
+    return t;
+}
+
+IG_INLINE int ig_fwd_A_ok(const ig_fwd_op *op, const ig_fwd_rowt *m, const ig_fwd_redt *r) {
+    const conv_desc *d = &op->d;
+    return INSIDE(m->i0 + r->d0, d->X[0]) && INSIDE(m->i1 + r->d1, d->X[1]) && INSIDE(m->i2 + r->d2, d->X[2]);
+}
+
+IG_INLINE ACC ig_fwd_A_ld(const ig_fwd_op *op, __global const T *x, const ig_fwd_rowt *m, const ig_fwd_redt *r) {
+    return LD(x, m->xo + r->xo);
+}
+
 IG_INLINE ACC ig_fwd_A(const ig_fwd_op *op, __global const T *x, const ig_fwd_rowt *m, const ig_fwd_redt *r) {
     const conv_desc *d = &op->d;
     if (!(INSIDE(m->i0 + r->d0, d->X[0]) && INSIDE(m->i1 + r->d1, d->X[1]) && INSIDE(m->i2 + r->d2, d->X[2])))
@@ -140,17 +199,26 @@ IG_INLINE ACC ig_fwd_B(const ig_fwd_op *op, __global const T *w, const ig_fwd_re
     return (r->ok && n->ok) ? LD(w, n->wo + r->wo) : 0;
 }
 
-IG_INLINE void ig_fwd_store(const ig_fwd_op *op, __global T *y, __global const T *b, __global ACC *wsp, idx_t m,
-                            idx_t k, ACC v) {
+/* Note [OpenCL split stores]: result (m, n) goes to out[orow(m) + ocol(n)]; the tile decodes each of its rows and
+ * columns once (pos4_of's divisions per result cost as much as a short reduction: the CUDA set's Note [split
+ * stores]). */
+IG_INLINE idx_t ig_fwd_orow(const ig_fwd_op *op, idx_t m) {
     const conv_desc *d = &op->d;
     const pos4 at = pos4_of(m, d->Y[0], d->Y[1], d->Y[2]);
-    const idx_t n = at.b, o0 = at.z, o1 = at.y, o2 = at.x;
-    const idx_t kk = op->g * d->CY + k;
-    if (d->has_bias) v += LD(b, d->bo + kk * d->bs);
-    ST(y, d->yo + n * d->ys[0] + kk * d->ys[1] + o0 * d->ys[2] + o1 * d->ys[3] + o2 * d->ys[4], v);
+    return d->yo + at.b * d->ys[0] + at.z * d->ys[2] + at.y * d->ys[3] + at.x * d->ys[4];
+}
+
+IG_INLINE idx_t ig_fwd_ocol(const ig_fwd_op *op, idx_t k) { return (op->g * op->d.CY + k) * op->d.ys[1]; }
+
+IG_INLINE void ig_fwd_put(const ig_fwd_op *op, __global T *y, __global const T *b, __global ACC *wsp, idx_t row,
+                          idx_t col, idx_t k, ACC v) {
+    const conv_desc *d = &op->d;
+    if (d->has_bias) v += LD(b, d->bo + (op->g * d->CY + k) * d->bs);
+    ST(y, row + col, v);
 }
 
 #define IG_OP fwd
+#define IG_TM_OP IG_TAPMAJOR
 #include "igemm_tile.h"
 
 /* ---- backward-data, one phase q: A = dy gathered at (n, e) x (k, j), B = w at tap rq + S*j ------------------- */
@@ -222,6 +290,31 @@ IG_INLINE ig_bwd_data_redt ig_bwd_data_red(const ig_bwd_data_op *op, idx_t r, id
     return t;
 }
 
+/* Note [OpenCL tap-major steps]: channels CY, the phase's tap digits (j0, j1, j2) of radices (T1, T2) */
+#define ig_bwd_data_ch(op) ((op)->d.CY)
+#define ig_bwd_data_r1(op) ((op)->T[1])
+#define ig_bwd_data_r2(op) ((op)->T[2])
+IG_INLINE ig_bwd_data_redt ig_bwd_data_red_at(const ig_bwd_data_op *op, const ig_tap *p) {
+    const conv_desc *d = &op->d;
+    ig_bwd_data_redt t;
+    t.ok = 1;
+    t.wo = p->ch * d->ws[0] + (op->rq[0] + d->S[0] * p->t0) * d->ws[2] + (op->rq[1] + d->S[1] * p->t1) * d->ws[3]
+           + (op->rq[2] + d->S[2] * p->t2) * d->ws[4];
+    t.j0 = p->t0 * op->H[0], t.j1 = p->t1 * op->H[1], t.j2 = p->t2 * op->H[2];
+    t.yo = p->ch * d->ys[1] - t.j0 * d->ys[2] - t.j1 * d->ys[3] - t.j2 * d->ys[4];
+    return t;
+}
+
+IG_INLINE int ig_bwd_data_A_ok(const ig_bwd_data_op *op, const ig_bwd_data_rowt *m, const ig_bwd_data_redt *r) {
+    const conv_desc *d = &op->d;
+    return INSIDE(m->a0 - r->j0, d->Y[0]) && INSIDE(m->a1 - r->j1, d->Y[1]) && INSIDE(m->a2 - r->j2, d->Y[2]);
+}
+
+IG_INLINE ACC ig_bwd_data_A_ld(const ig_bwd_data_op *op, __global const T *dy, const ig_bwd_data_rowt *m,
+                               const ig_bwd_data_redt *r) {
+    return LD(dy, m->yo + r->yo);
+}
+
 IG_INLINE ACC ig_bwd_data_A(const ig_bwd_data_op *op, __global const T *dy, const ig_bwd_data_rowt *m,
                             const ig_bwd_data_redt *r) {
     const conv_desc *d = &op->d;
@@ -235,18 +328,24 @@ IG_INLINE ACC ig_bwd_data_B(const ig_bwd_data_op *op, __global const T *w, const
     return (r->ok && n->ok) ? LD(w, n->wo + r->wo) : 0;
 }
 
-IG_INLINE void ig_bwd_data_store(const ig_bwd_data_op *op, __global T *dx, __global const T *b, __global ACC *wsp,
-                                 idx_t m, idx_t c, ACC v) {
+IG_INLINE idx_t ig_bwd_data_orow(const ig_bwd_data_op *op, idx_t m) {
     const conv_desc *d = &op->d;
     const pos4 at = pos4_of(m, op->E[0], op->E[1], op->E[2]);
-    const idx_t n = at.b, e0 = at.z, e1 = at.y, e2 = at.x;
-    const idx_t cc = op->g * d->CX + c;
-    if (d->has_bias) v += LD(b, d->bo + cc * d->bs);
-    ST(dx, d->xo + n * d->xs[0] + cc * d->xs[1] + (op->q[0] + d->S[0] * e0) * d->xs[2]
-           + (op->q[1] + d->S[1] * e1) * d->xs[3] + (op->q[2] + d->S[2] * e2) * d->xs[4], v);
+    return d->xo + at.b * d->xs[0] + (op->q[0] + d->S[0] * at.z) * d->xs[2] + (op->q[1] + d->S[1] * at.y) * d->xs[3]
+           + (op->q[2] + d->S[2] * at.x) * d->xs[4];
+}
+
+IG_INLINE idx_t ig_bwd_data_ocol(const ig_bwd_data_op *op, idx_t c) { return (op->g * op->d.CX + c) * op->d.xs[1]; }
+
+IG_INLINE void ig_bwd_data_put(const ig_bwd_data_op *op, __global T *dx, __global const T *b, __global ACC *wsp,
+                               idx_t row, idx_t col, idx_t c, ACC v) {
+    const conv_desc *d = &op->d;
+    if (d->has_bias) v += LD(b, d->bo + (op->g * d->CX + c) * d->bs);
+    ST(dx, row + col, v);
 }
 
 #define IG_OP bwd_data
+#define IG_TM_OP IG_TAPMAJOR
 #include "igemm_tile.h"
 
 /* ---- backward-weight, one split: A = dy at k x (n, o), B = x gathered at (n, o) x (c, tap) ------------------- */
@@ -308,17 +407,28 @@ IG_INLINE idx_t ig_weight_at(const conv_desc *d, idx_t kk, idx_t n) {
     return d->wo + kk * d->ws[0] + c * d->ws[1] + r0 * d->ws[2] + r1 * d->ws[3] + r2 * d->ws[4];
 }
 
-IG_INLINE void ig_bwd_weight_store(const ig_bwd_weight_op *op, __global T *dw, __global const T *b,
-                                   __global ACC *wsp, idx_t k, idx_t n, ACC v) {
+/* With splits (d.total > 1) the workspace part (split, kk, n), else dw. */
+IG_INLINE idx_t ig_bwd_weight_orow(const ig_bwd_weight_op *op, idx_t k) {
     const conv_desc *d = &op->d;
-    const idx_t kk = op->g * d->CY + k, row = d->CX * d->K[0] * d->K[1] * d->K[2];
-    if (d->total > 1)
-        wsp[(op->split * d->G * d->CY + kk) * row + n] = v;
+    const idx_t kk = op->g * d->CY + k;
+    return d->total > 1 ? (op->split * d->G * d->CY + kk) * (d->CX * d->K[0] * d->K[1] * d->K[2])
+                        : d->wo + kk * d->ws[0];
+}
+
+IG_INLINE idx_t ig_bwd_weight_ocol(const ig_bwd_weight_op *op, idx_t n) {
+    return op->d.total > 1 ? n : ig_weight_at(&op->d, 0, n) - op->d.wo;
+}
+
+IG_INLINE void ig_bwd_weight_put(const ig_bwd_weight_op *op, __global T *dw, __global const T *b, __global ACC *wsp,
+                                 idx_t row, idx_t col, idx_t n, ACC v) {
+    if (op->d.total > 1)
+        wsp[row + col] = v;
     else
-        ST(dw, ig_weight_at(d, kk, n), v);
+        ST(dw, row + col, v);
 }
 
 #define IG_OP bwd_weight
+#define IG_TM_OP 0
 #include "igemm_tile.h"
 
 /* ---- kernels ------------------------------------------------------------------------------------------------ */

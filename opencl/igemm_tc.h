@@ -44,8 +44,17 @@
 #define IG_AT(r, m) ((m) * IG_LDK + (r))
 #define IG_BT(r, n) ((n) * IG_LDK + (r))
 
-#if defined(DTYPE_F32)
-/* v rounded to TF32 (10 mantissa bits) to nearest, ties away from zero; infinities kept, NaN a quiet NaN */
+#if defined(DTYPE_F32) && defined(IG_MMA_PTX)
+/* v rounded to TF32 (10 mantissa bits) to nearest, ties away from zero: one cvt.rna on the GPU instead of the
+ * C form's test, select and add-and-mask per staged element */
+inline float ig_tf32(float v) {
+    uint u;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(u) : "f"(v));
+    return as_float(u);
+}
+#define IG_STAGE(v) ig_tf32(v)
+#elif defined(DTYPE_F32)
+/* the same in plain OpenCL C: to nearest, ties away from zero; infinities kept, NaN a quiet NaN */
 inline float ig_tf32(float v) {
     const uint u = as_uint(v);
     if ((u & 0x7f800000u) == 0x7f800000u) return (u & 0x7fffffu) ? as_float(u | 0x7fc00000u) : v;

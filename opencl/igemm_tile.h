@@ -1,6 +1,7 @@
 /* The work-group tile of Note [OpenCL implicit GEMM] (igemm.cl), instantiated once per direction: igemm.cl
  * defines IG_OP (fwd, bwd_data, bwd_weight) and the op's types and functions ig_<op>_{op,rowt,colt,redt} and
- * ig_<op>_{row,col,red,A,B,store}, then includes this file, which defines ig_<op>_fetch and ig_<op>_tile.
+ * ig_<op>_{row,col,red,A,B,orow,ocol,put} (and, with IG_TM_OP, those of Note [OpenCL tap-major steps]), then
+ * includes this file, which defines ig_<op>_fetch and ig_<op>_tile.
  * (OpenCL C has no templates; the CUDA set's pc_igemm_run in cuda/conv_igemm.cuh is the same loop.)
  * The products of a step are the FMA loop (IG_TM x IG_TN results per work-item) or, under IG_TC, warp-level
  * mma of igemm_tc.h (Note [OpenCL tensor cores]); the gathers, the local-memory steps and the stores are shared.
@@ -16,6 +17,26 @@ IG_INLINE void IGN(_fetch)(const IGN(_op) *op, __global const T *pa, __global co
 #pragma unroll
     for (int j = 0; j < IG_BJ; ++j) rb[j] = IGN(_B)(op, pb, &d, &cols[j]);
 }
+
+#if IG_TM_OP /* Note [OpenCL tap-major steps] (igemm.cl) */
+/* bit j: A row j is inside the input at the work-item's current tap */
+IG_INLINE uint IGN(_rows_ok)(const IGN(_op) *op, const IGN(_rowt) *rows, const IGN(_redt) *d) {
+    uint ok = 0;
+#pragma unroll
+    for (int j = 0; j < IG_AJ; ++j) ok |= (uint)IGN(_A_ok)(op, &rows[j], d) << j;
+    return ok;
+}
+
+/* IGN(_fetch) with the rows' bounds from the mask */
+IG_INLINE void IGN(_fetch_tm)(const IGN(_op) *op, __global const T *pa, __global const T *pb,
+                              const IGN(_rowt) *rows, const IGN(_colt) *cols, const IGN(_redt) *d, uint ok,
+                              ACC *ra, ACC *rb) {
+#pragma unroll
+    for (int j = 0; j < IG_AJ; ++j) ra[j] = (ok >> j & 1u) ? IGN(_A_ld)(op, pa, &rows[j], d) : 0;
+#pragma unroll
+    for (int j = 0; j < IG_BJ; ++j) rb[j] = IGN(_B)(op, pb, d, &cols[j]);
+}
+#endif
 
 /* C[m0:m0+IG_BM, n0:n0+IG_BN] of one group = sum over r in [rbeg, rend) of A[m, r] B[r, n]; rows past M and
  * columns past NC are gathered as zeros and not stored. As/Bs: IG_AS and IG_BS elements of local memory, element
@@ -52,7 +73,23 @@ IG_INLINE void IGN(_tile)(const IGN(_op) *op, __global const T *pa, __global con
 #pragma unroll
         for (int j = 0; j < IG_TN; ++j) acc[i][j] = 0;
 #endif
+#if IG_TM_OP /* the work-item's reduction position as (channel, tap digits), stepped without divisions */
+    const idx_t tch = IGN(_ch)(op), tr1 = IGN(_r1)(op), tr2 = IGN(_r2)(op);
+    ig_tap tp = ig_tap_of(rbeg + rr, tch, tr1, tr2);
+    IGN(_redt) d = IGN(_red_at)(op, &tp);
+    uint ok = IGN(_rows_ok)(op, rows, &d);
+    if (rbeg < rend) IGN(_fetch_tm)(op, pa, pb, rows, cols, &d, ok, ra, rb);
+#define IG_FETCH_NEXT()                                                                                             \
+    do {                                                                                                            \
+        const int moved = ig_tap_next(&tp, tch, tr1, tr2);                                                          \
+        d = IGN(_red_at)(op, &tp);                                                                                  \
+        if (moved) ok = IGN(_rows_ok)(op, rows, &d);                                                                \
+        IGN(_fetch_tm)(op, pa, pb, rows, cols, &d, ok, ra, rb);                                                     \
+    } while (0)
+#else
     IGN(_fetch)(op, pa, pb, rows, cols, rbeg + rr, rend, ra, rb);
+#define IG_FETCH_NEXT() IGN(_fetch)(op, pa, pb, rows, cols, r0 + IG_BK + rr, rend, ra, rb)
+#endif
     for (idx_t r0 = rbeg; r0 < rend; r0 += IG_BK) {
 #pragma unroll
         for (int j = 0; j < IG_AJ; ++j) As[IG_AT(rr, lq + IG_LQ * j)] = IG_STAGE(ra[j]);
@@ -60,7 +97,7 @@ IG_INLINE void IGN(_tile)(const IGN(_op) *op, __global const T *pa, __global con
         for (int j = 0; j < IG_BJ; ++j) Bs[IG_BT(rr, lq + IG_LQ * j)] = IG_STAGE(rb[j]);
         barrier(CLK_LOCAL_MEM_FENCE);
 #if IG_PREFETCH
-        if (r0 + IG_BK < rend) IGN(_fetch)(op, pa, pb, rows, cols, r0 + IG_BK + rr, rend, ra, rb);
+        if (r0 + IG_BK < rend) IG_FETCH_NEXT();
 #endif
 #if IG_TC
         ig_tc_step(As, Bs, acc, tid);
@@ -80,33 +117,44 @@ IG_INLINE void IGN(_tile)(const IGN(_op) *op, __global const T *pa, __global con
 #endif
         barrier(CLK_LOCAL_MEM_FENCE);
 #if !IG_PREFETCH
-        if (r0 + IG_BK < rend) IGN(_fetch)(op, pa, pb, rows, cols, r0 + IG_BK + rr, rend, ra, rb);
+        if (r0 + IG_BK < rend) IG_FETCH_NEXT();
 #endif
     }
+#undef IG_FETCH_NEXT
 #if IG_TC /* lane (g, t) of warp w owns rows g, g + 8 and columns 2t, 2t + 1 of each of its 16 x 8 tiles */
     const int lane = tid & 31, warp = tid >> 5;
     const idx_t mw = m0 + (warp % IG_WM) * IG_WTM + (lane >> 2), nw = n0 + (warp / IG_WM) * IG_WTN + 2 * (lane & 3);
-#pragma unroll
-    for (int i = 0; i < IG_MI; ++i)
-#pragma unroll
-        for (int j = 0; j < IG_NI; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const idx_t m = mw + 16 * i + 8 * (e >> 1), n = nw + 8 * j + (e & 1);
-                if (m < M && n < NC) IGN(_store)(op, out, bias, wsp, m, n, acc[i][j][e]);
-            }
+#define IG_OR (2 * IG_MI) /* rows and columns a work-item stores: row 16 i + 8 h, column 8 j + e */
+#define IG_OC (2 * IG_NI)
+#define IG_ROW(i) (mw + 16 * ((i) >> 1) + 8 * ((i) & 1))
+#define IG_COL(j) (nw + 8 * ((j) >> 1) + ((j) & 1))
+#define IG_RES(i, j) acc[(i) >> 1][(j) >> 1][2 * ((i) & 1) + ((j) & 1)]
 #else
-#pragma unroll
-    for (int i = 0; i < IG_TM; ++i) {
-        const idx_t m = m0 + ty + IG_NY * i;
-#pragma unroll
-        for (int j = 0; j < IG_TN; ++j) {
-            const idx_t n = n0 + tx + IG_NX * j;
-            if (m < M && n < NC) IGN(_store)(op, out, bias, wsp, m, n, acc[i][j]);
-        }
-    }
+#define IG_OR IG_TM
+#define IG_OC IG_TN
+#define IG_ROW(i) (m0 + ty + IG_NY * (i))
+#define IG_COL(j) (n0 + tx + IG_NX * (j))
+#define IG_RES(i, j) acc[i][j]
 #endif
+    /* Note [OpenCL split stores] (igemm.cl): each row and column decoded once */
+    idx_t orow[IG_OR], ocol[IG_OC];
+#pragma unroll
+    for (int i = 0; i < IG_OR; ++i) orow[i] = IG_ROW(i) < M ? IGN(_orow)(op, IG_ROW(i)) : 0;
+#pragma unroll
+    for (int j = 0; j < IG_OC; ++j) ocol[j] = IG_COL(j) < NC ? IGN(_ocol)(op, IG_COL(j)) : 0;
+#pragma unroll
+    for (int i = 0; i < IG_OR; ++i)
+#pragma unroll
+        for (int j = 0; j < IG_OC; ++j)
+            if (IG_ROW(i) < M && IG_COL(j) < NC)
+                IGN(_put)(op, out, bias, wsp, orow[i], ocol[j], IG_COL(j), IG_RES(i, j));
+#undef IG_OR
+#undef IG_OC
+#undef IG_ROW
+#undef IG_COL
+#undef IG_RES
 }
 
 #undef IGN
 #undef IG_OP
+#undef IG_TM_OP

@@ -489,12 +489,11 @@ CL_KERNELS = DW_KERNELS + ("dw_cl_fwd", "dw_cl_bwd_data", "dw_cl_bwd_weight")
 @pytest.mark.parametrize("dt", ["f32", "f64", "bf16"])
 @pytest.mark.parametrize("edge", DW_CL_EDGES, ids=lambda e: e[0])
 def test_depthwise_channels_last_kernels(edge, dt, split, monkeypatch):
-    """Note [channels-last depthwise]: channels-last depthwise problems (channels in whole vectors) run dw_cl_fwd and
-    dw_cl_bwd_data, and on CPU devices dw_cl_bwd_weight (in one pass, or split over positions with dw_finalize), and
-    match float64."""
+    """Note [channels-last depthwise]: channels-last depthwise problems (channels in whole vectors) run dw_cl_fwd,
+    dw_cl_bwd_data and dw_cl_bwd_weight (in one pass, or split over positions with dw_finalize), and match float64."""
     from portconv.backends import opencl as ob
 
-    monkeypatch.setattr(ob, "dw_splits", lambda *a: 3 if split else 1)
+    monkeypatch.setattr(ob, "dw_cl_splits", lambda *a: 3 if split else 1)
     _, shape, k, stride, padding, n = edge
     dtype = DTYPES[dt]
     x, w, b, p = _dw_case(shape, k, stride, padding, 1, n, dtype, fmt="channels_last")
@@ -502,11 +501,8 @@ def test_depthwise_channels_last_kernels(edge, dt, split, monkeypatch):
     assert plan.algorithm == "depthwise" and "dw_cl_fwd" in plan.reason, plan.reason
     assert launched.get("dw_cl_fwd") == 1 and launched.get("dw_cl_bwd_data") == 1, launched
     assert not any(launched.get(kn) for kn in ("fwd", "bwd_data")), launched
-    if plan.device.kind == "cpu":
-        assert launched.get("dw_cl_bwd_weight") == 1 and launched.get("dw_finalize", 0) == int(split), launched
-        assert not launched.get("bwd_weight"), launched
-    else:  # GPUs: the generic grad-weight
-        assert launched.get("bwd_weight") == 1 and not launched.get("dw_cl_bwd_weight"), launched
+    assert launched.get("dw_cl_bwd_weight") == 1 and launched.get("dw_finalize", 0) == int(split), launched
+    assert not launched.get("bwd_weight"), launched
 
 
 def test_depthwise_channels_last_kernels_only_where_they_apply():
@@ -530,8 +526,9 @@ def test_depthwise_channels_last_kernels_only_where_they_apply():
 
 
 def test_depthwise_channels_last_gpu_settings(monkeypatch):
-    """On a GPU device the channels-last kernels build without DW_CPU (vloadn), run 8x4x4 work-groups, and leave the
-    grad-weight to the generic kernel (the reason says so); those settings also run, and match, on this device."""
+    """On a GPU device the channels-last kernels build without DW_CPU (vloadn), run 8x4x4 work-groups and a grad-weight
+    of 8 channel blocks x 32 position lanes (the reason says so); those settings also run, and match, on this device,
+    with one split and with several (partials added by dw_finalize)."""
     from portconv.backends import opencl as ob
     from portconv.plan import clear_cache
 
@@ -542,16 +539,26 @@ def test_depthwise_channels_last_gpu_settings(monkeypatch):
     assert gpu is not None and not gpu.cpu and gpu.local == ob.DW_CL_LOCAL_GPU and "DW_CPU" not in gpu.defines
     dev = rt.info(*rt.default_index())
     reason = get("opencl").choose(problem, dataclasses.replace(dev, kind="gpu")).reason
-    assert "grad-weight: the generic kernel" in reason and "work-groups 8x4x4" in reason, reason
+    assert "8 channel blocks x 32 position lanes" in reason and "work-groups 8x4x4" in reason, reason
+    assert "DW_CLB=8" in gpu.defines and "DW_CLR=32" in gpu.defines and "DW_CLA" not in gpu.defines
+    # DW_CLA (aligned vector accesses) only where every vector starts at a multiple of 8 elements
+    t = rt.DevTensor(None, 16, (2, 16, 9, 13), (16 * 9 * 13, 1, 16 * 13, 16))
+    assert ob.cl_aligned(8, t) and not ob.cl_aligned(8, dataclasses.replace(t, offset=12))
+    assert not ob.cl_aligned(8, dataclasses.replace(t, strides=(16 * 9 * 13, 1, 16 * 13, 20)))
+    assert "DW_CLA" in dataclasses.replace(gpu, aligned=True).defines
     orig = ob.dw_cl_spec.__wrapped__
     monkeypatch.setattr(ob, "dw_cl_spec", lambda pr, g, f, cpu: orig(pr, g, f, False))
     clear_cache()
     try:
-        for dtype in (torch.bfloat16, torch.float32):
-            x, w, b, p = _dw_case((16, 9, 13), (3, 3), 2, 1, 1, 2, dtype, fmt="channels_last")
+        # 16 and 72 channels (2 and 9 blocks: work-groups of 8 blocks partly past C), 2 x 5 x 7 outputs: one split;
+        # 64 x 20 x 20 outputs: several splits
+        for dtype, n, size, ch in ((torch.bfloat16, 2, (9, 13), 16), (torch.float32, 2, (9, 13), 72),
+                                   (torch.bfloat16, 64, (40, 40), 8)):
+            x, w, b, p = _dw_case((ch, *size), (3, 3), 2, 1, 1, n, dtype, fmt="channels_last")
             _, launched = _run_all(x, w, b, p, dtype, CL_KERNELS, go_like_y=True)
             assert launched.get("dw_cl_fwd") == 1 and launched.get("dw_cl_bwd_data") == 1, launched
-            assert launched.get("bwd_weight") == 1 and not launched.get("dw_cl_bwd_weight"), launched
+            assert launched.get("dw_cl_bwd_weight") == 1 and not launched.get("bwd_weight"), launched
+            assert launched.get("dw_finalize") == (1 if n == 64 else None), launched
     finally:
         clear_cache()
 
@@ -967,6 +974,9 @@ def test_igemm_narrow_tiles():
 
     assert shape(weight_tile(TC_TILE)) == (128, 128, 2, 4, 256, "ptx") and weight_tile(TC_TILE).bk == 32
     assert shape(fit(weight_tile(TC_TILE), 4, 36)) == (16, 128, 1, 4, 128, "ptx")
+    for rows, want in ((17, (64, 128, 2, 4, 256, "ptx")), (64, (64, 128, 2, 4, 256, "ptx")),
+                       (65, (128, 128, 2, 4, 256, "ptx")), (16, (16, 128, 1, 4, 128, "ptx"))):
+        assert shape(fit(weight_tile(TC_TILE, rows), rows, 576)) == want, rows
     assert weight_tile(GPU_TILE) == GPU_TILE
 
 
@@ -1005,6 +1015,8 @@ TC_EDGES = [  # every direction on the tile: > 16 channels on both sides of each
     ("tc-3d-transposed", dict(n=2, cin=24, cout=20, sp=(4, 5, 4), k=(3, 3, 3), stride=2, padding=1, transposed=True,
                               out_pad=1)),
     ("tc-1d-dilated-groups", dict(n=3, cin=40, cout=48, sp=(40,), k=(5,), padding=4, dilation=2, groups=2)),
+    # Note [OpenCL M-lane gathers]: NCHW backward-data with phases 19 and 18 wide loads along the rows
+    ("tc-mlane-stride2", dict(n=2, cin=24, cout=40, sp=(9, 37), k=(3, 3), stride=2, padding=1)),
     # narrow tensor-core tiles (TC_NARROW): backward-data of 3 input channels (128x8), 4 channels per group (128x8
     # forward and backward-data, 16x128 grad-weight), 12 output channels (128x16 forward)
     ("tc-narrow-cin3", dict(n=2, cin=3, cout=24, sp=(15, 14), k=(5, 5), stride=2, padding=2)),
@@ -1013,7 +1025,7 @@ TC_EDGES = [  # every direction on the tile: > 16 channels on both sides of each
 ]
 TC_PARAMS = [pytest.param(e, dt, id=f"{e[0]}-{dt}") for e in TC_EDGES for dt in ("f32", "f16", "bf16")
              if dt == "f32" or e[0] in ("tc-3x3-stride2-phases", "tc-split-channels-last", "tc-3d-transposed",
-                                        "tc-narrow-groups4")]
+                                        "tc-narrow-groups4", "tc-mlane-stride2")]
 
 
 @pytest.mark.parametrize("edge,dt", TC_PARAMS)
@@ -1026,10 +1038,87 @@ def test_igemm_tensor_core_tile(edge, dt, tc_tile):
     assert plan.algorithm == "igemm-tc" + ("-transposed" if p.transposed else "")
     assert plan.math == ("tf32" if dt == "f32" else "fp32-accumulate")
     assert "tensor-core tiles" in plan.reason and f"PORTCONV_OPENCL_TC={tc_tile}" in plan.reason
+    assert ("M-lane" in plan.reason) == (edge[0] in ("tc-mlane-stride2", "tc-1d-dilated-groups")), plan.reason
     assert launched.get("ig_fwd") == 1 and launched.get("ig_bwd_data") == 1 and launched.get("ig_bwd_weight") == 1
     assert not {"fwd", "bwd_data", "bwd_weight"} & set(launched)
     if edge[0] == "tc-split-channels-last":
         assert launched.get("ig_finalize") == 1
+
+
+# Note [OpenCL tap-major steps]: channel counts per group that are multiples of the tile's reduction step 16 (forward
+# C/G, backward-data K/G), with a phase of no tap (stride 3, kernel 2), 3-D, groups, and M-lane loads (wide phases)
+TM_EDGES = [
+    ("tm-3x3-stride2", dict(n=2, cin=32, cout=48, sp=(11, 37), k=(3, 3), stride=2, padding=1)),
+    ("tm-stride3-no-tap", dict(n=2, cin=16, cout=32, sp=(13, 11), k=(2, 2), stride=3, padding=1)),
+    ("tm-3d-groups", dict(n=2, cin=64, cout=32, sp=(4, 5, 6), k=(3, 3, 3), padding=1, groups=2)),
+    ("tm-1x1-transposed", dict(n=2, cin=16, cout=32, sp=(9, 20), k=(1, 1), transposed=True)),
+]
+
+
+TM_PARAMS = [pytest.param(e, dt, fmt, id=f"{e[0]}-{dt}-{fmt}") for e in TM_EDGES for dt in ("f32", "bf16")
+             for fmt in ("contiguous", "channels_last") if fmt == "contiguous" or len(e[1]["sp"]) == 2]
+
+
+@pytest.mark.parametrize("edge,dt,layout", TM_PARAMS)
+def test_igemm_tensor_core_tap_major(edge, dt, layout, tc_tile, monkeypatch):
+    """Note [OpenCL tap-major steps] on the tensor-core tile, forced for every layout (the default takes channels-last
+    problems): forward and backward-data step channel-innermost without divisions, rows' bounds once per tap; every
+    result matches float64 within the plan's math."""
+    from portconv.backends import _cl_igemm
+    from portconv.plan import clear_cache
+
+    dtype = DTYPES[dt]
+    from portconv.backends import opencl as ob
+
+    x, w, b, p = _ig_case(dtype=dtype, fmt=layout, **edge[1])
+    geo = ob.geometry(Problem(p, spec_of(x), spec_of(w), True))
+    for direction, ch in (("fwd", geo.CX), ("bwd_data", geo.CY)):
+        assert ch % _cl_igemm.TC_TILE.bk == 0 and _cl_igemm.gather_order(direction, geo, True, 16)[1]
+    built = []
+    orig, order = _cl_igemm._kernel, _cl_igemm.gather_order
+
+    def spy(call, name, desc, tensors, sp, *a):
+        built.append((name, sp.tapmajor, desc.c_inner, sp.mfast))
+        return orig(call, name, desc, tensors, sp, *a)
+
+    monkeypatch.setattr(_cl_igemm, "gather_order", lambda k, g, c_inner, bk: (order(k, g, c_inner, bk)[0], True))
+    monkeypatch.setattr(_cl_igemm, "_kernel", spy)
+    clear_cache()
+    plan, launched = _ig_run(x, w, b, p, dtype)
+    assert plan.algorithm.startswith("igemm-tc") and launched.get("ig_fwd") == 1 and launched.get("ig_bwd_data") == 1
+    assert {(n, t, c) for n, t, c, _ in built if n != "bwd_weight"} == {("fwd", True, 1), ("bwd_data", True, 1)}, built
+    if layout == "contiguous" and edge[0] in ("tm-3x3-stride2", "tm-1x1-transposed"):  # with M-lane loads too
+        assert any(mf for n, _, _, mf in built if n == ("bwd_data" if edge[0] == "tm-3x3-stride2" else "fwd")), built
+
+
+def test_igemm_gather_order():
+    """The tensor-core tile's load order per kernel (M-lane loads, tap-major steps) on the suite's rows: the rule the
+    H100 measurements chose (_cl_igemm's notes)."""
+    from portconv.backends import _cl_igemm
+    from portconv.backends import opencl as ob
+    from portconv.bench import load_suite
+
+    rows = {r.name: r for r in load_suite(None)[0]}
+    want = {  # row: ((fwd kernel mlane, tap-major), (bwd_data kernel mlane, tap-major))
+        "resnet50-stem": ((False, False), (True, True)),  # C_in 3 (no tap-major forward); 4 phases of 16 taps
+        "resnet50-l1-3x3": ((False, False), (True, True)),
+        "resnet50-l1-3x3-bf16-cl": ((False, True), (False, True)),
+        "resnet50-l3-3x3": ((False, False), (False, False)),  # 14-wide phases
+        "resnet50-1x1-expand": ((True, True), (True, True)),
+        "resnet50-1x1-reduce": ((False, True), (False, True)),
+        "r3d18-l1-3d": ((False, False), (True, False)),  # depth taps
+        "wav2vec2-posconv-g16": ((False, False), (False, False)),
+        "vae-dec-transposed-bf16": ((False, False), (True, True)),  # forward = the bwd_data kernel
+        "dcgan-gen-transposed": ((False, False), (False, False)),
+    }
+    for name, (f, bd) in want.items():
+        c = rows[name].case
+        x = torch.empty((1, *c.input_shape[1:]), device="meta")
+        w = torch.empty(c.weight_shape, device="meta")
+        geo = ob.geometry(Problem(c.params, spec_of(x), spec_of(w), True))
+        cl = c.layout == "chlast"
+        got = (_cl_igemm.gather_order("fwd", geo, cl, 16), _cl_igemm.gather_order("bwd_data", geo, cl, 16))
+        assert got == (f, bd), (name, got)
 
 
 def _tf32_rna(v: torch.Tensor) -> torch.Tensor:

@@ -37,7 +37,8 @@ class IgSpec:
     wm: int = 0
     wn: int = 0
     regs: int = 0  # NVIDIA's -cl-nv-maxrregcount for the PTX tile (0: the compiler's choice)
-    mfast: bool = False  # IG_MFAST: load work-items along rows / columns first (channels-last grad-weight)
+    mfast: bool = False  # IG_MFAST: load work-items along rows / columns first (Note [OpenCL M-lane gathers])
+    tapmajor: bool = False  # IG_TAPMAJOR: Note [OpenCL tap-major steps] (forward and backward-data; gather_order)
 
     @property
     def threads(self) -> int:
@@ -52,7 +53,8 @@ class IgSpec:
                 tile += (f"-cl-nv-maxrregcount={self.regs}",)
         else:
             tile += (f"IG_TM={self.tm}", f"IG_TN={self.tn}")
-        return tile + (("IG_CPU",) if self.cpu else ()) + (("IG_MFAST",) if self.mfast else ())
+        return (tile + (("IG_CPU",) if self.cpu else ()) + (("IG_MFAST",) if self.mfast else ())
+                + (("IG_TAPMAJOR=1",) if self.tapmajor else ()))
 
     def describe(self) -> str:
         narrow = f"a GEMM with <= {NARROW} rows or columns per group: an FMA tile narrow on that side"
@@ -72,6 +74,11 @@ GPU_TILE = IgSpec(64, 64, 16, 4, 4)
 # there); the grad-weight, split over its long reduction, 128x128 with BK 32 (0.89x the time of 128x64).
 TC_TILE = IgSpec(128, 64, 16, 0, 0, tc="ptx", wm=4, wn=2)
 TC_TILE_WEIGHT = IgSpec(128, 128, 32, 0, 0, tc="ptx", wm=2, wn=4)
+# ... and for 17-64 output channels per group, half as tall (64x128, 2x4 warps of 32x32): a 128-row tile spent half
+# or more of its products and A gathers on padding. Measured (tc v5): the grad-weight of resnet50-stem, -l1-3x3,
+# -l1-3x3-bf16-cl, r3d18-l1-3d, deepbench-speech-c1 and wav2vec2-posconv-g16 0.76x-0.82x the time, mbv2-pw-project
+# 0.91x.
+TC_WEIGHT_ROWS64 = (64, 2, 4)  # IG_BM, IG_WM, IG_WN
 CPU_TILE = IgSpec(32, 32, 8, 4, 4, cpu=True)  # the fastest of 8 shapes on PoCL (notes-opencl.md igemm v1)
 # A GEMM with at most 16 (CPU: 4 or 16) columns or rows per group, such as the 4 channels per group of resnext50-g32,
 # runs a tile that narrow on that side (a 64-wide tile would compute 16x the useful products; igemm v2). A tile of
@@ -166,18 +173,29 @@ def tc_mode(dtype: str, device) -> tuple[str, str]:
     return "ptx", arch
 
 
-def reason(geo, sp: IgSpec, transposed: bool, why: str, device: str) -> str:
+def _order(geo, sp: IgSpec, kernel: str, c_inner: bool) -> str:
+    """The reason's words for gather_order."""
+    if not sp.tc:
+        return ""
+    mlane, tapmajor = gather_order(kernel, geo, c_inner, sp.bk)
+    return ("; loads along the rows (Note [OpenCL M-lane gathers])" if mlane else "") + (
+        "; tap-major steps (Note [OpenCL tap-major steps])" if tapmajor else "")
+
+
+def reason(geo, sp: IgSpec, transposed: bool, why: str, device: str, c_inner: bool = False) -> str:
     t = ("; the transposed forward is the backward-data kernel, its backward-data the forward kernel"
          if transposed else "")
     bwd = (f"igemm_bwd_data by phases ({math.prod(geo.S)} phase(s) x {geo.G} group(s); rows: N x the phase's "
-           f"positions, columns: {geo.CX} channel(s), reduction: {geo.CY} channel(s) x the phase's taps)"
+           f"positions, columns: {geo.CX} channel(s), reduction: {geo.CY} channel(s) x the phase's taps"
+           f"{_order(geo, sp, 'bwd_data', c_inner)})"
            if sp.phases else
            "the direct kernel (an axis with both stride and dilation above 1 has no phase decomposition)")
-    w = weight_tile(sp)
+    w = weight_tile(sp, geo.CY)
     wt = f" on {w.bm}x{w.bn} tensor-core tiles, reduction step {w.bk}" if sp.tc else ""
     return (f"implicit-GEMM kernels (opencl/igemm.cl) on {device}, {sp.describe()}, chosen by {why}: forward: "
             f"igemm_fwd (rows: N x output positions, columns: {geo.CY} channel(s), reduction: {geo.CX} channel(s) x "
-            f"{geo.taps} tap(s), {geo.G} group(s)); backward-data: {bwd}; grad-weight: igemm_bwd_weight{wt} (rows: "
+            f"{geo.taps} tap(s), {geo.G} group(s){_order(geo, sp, 'fwd', c_inner)}); backward-data: {bwd}; "
+            f"grad-weight: igemm_bwd_weight{wt} (rows: "
             f"{geo.CY} channel(s), columns: {geo.CX} channel(s) x {geo.taps} tap(s), reduction: N x positions = "
             f"{geo.reduction}) split over the reduction, the partial sums added in order by igemm_finalize "
             f"(no atomics){t}")
@@ -214,10 +232,47 @@ def _launch(call, entry, name, desc, args, sp, m, n, z):
 
 
 def _grid(call, name, desc, tensors, args, m, n, z):
-    """One launch of an igemm kernel over (m tiles x threads, n tiles, z) work-items (m x n: one group's GEMM)."""
+    """One launch of an igemm kernel over (m tiles x threads, n tiles, z) work-items (m x n: one group's GEMM); the
+    tensor-core forward and backward-data kernels with the load order of gather_order."""
     sp = fit(call.ig, m, n)
+    if sp.tc:
+        mfast, tapmajor = gather_order(name, call.geo, bool(call.c_inner), sp.bk)
+        sp = dataclasses.replace(sp, mfast=mfast, tapmajor=tapmajor)
+        if tapmajor:
+            desc.c_inner = 1  # the reduction channel-innermost
     entry = _kernel(call, name, desc, tensors, sp, m, n, z)
     return entry if entry is TOO_LARGE else _launch(call, entry, name, desc, args, sp, m, n, z)
+
+
+# How the tensor-core tile's forward and backward-data kernels gather, measured on the H100 over the suite's dense
+# rows (docs/performance/notes-opencl.md, tc v5; ratios: time against the default of that run):
+# Note [OpenCL M-lane gathers]: IG_MFAST numbers the load work-items along the rows first, so 16 neighbouring rows
+# (positions) read one contiguous run of an NCHW tensor instead of 16 reduction indices (channels H*W apart, taps).
+# Backward-data: 0.69x-0.91x on 1x1, strided and dilated rows, 0.96x-0.98x on 3x3 / 7x7 / 3-D ones, slower where a
+# phase's last axis has fewer than MLANE_MIN_RUN positions (dcgan-gen-transposed's 4: 1.08x) or its taps are many
+# (wav2vec2-posconv-g16's 128: 1.20x, the reduction order already reads contiguous taps there). Forward: 0.84x-0.93x
+# on the 1x1 rows of 56-wide outputs, 1.1x-1.3x slower on every multi-tap row (B, the weights, then loads C*taps
+# apart), so only 1x1 forwards take it.
+# Note [OpenCL tap-major steps] (opencl/igemm.cl): channel-innermost steps without divisions, row bounds once per tap,
+# when the channel count is a multiple of the reduction step. Channels-last: forward 0.66x, backward-data 0.78x
+# (resnet50-l1-3x3-bf16-cl). NCHW with M-lane loads: backward-data 0.79x-0.88x on 2-D/1-D multi-tap rows (stem,
+# l1-3x3, b1-3x3, speech-c1, conv1d) and 0.67x on the transposed vae forward; 1x1 rows, whose order does not change,
+# 0.85x-0.95x. Slower, so left out: NCHW multi-tap without M-lane loads (resnet50-l3-3x3's 14-wide phases 1.39x,
+# wav2vec2-posconv-g16 1.60x, every multi-tap forward 1.07x-1.84x), and 3-D taps (r3d18-l1-3d 1.43x: with channels
+# innermost a depth tap reaches an input plane again only after more data than L1 holds; the CUDA set measured the
+# same).
+MLANE_MIN_RUN, MLANE_MAX_TAPS = 16, 32
+
+
+def gather_order(kernel: str, geo, c_inner: bool, bk: int) -> tuple[bool, bool]:
+    """(M-lane loads, tap-major steps) of the tensor-core ``kernel`` ('fwd' | 'bwd_data') for this problem."""
+    if kernel == "fwd":
+        run, taps, ch = geo.Y[2], geo.taps, geo.CX
+    else:  # one phase: its last axis and its taps
+        run, taps, ch = -(-geo.X[2] // geo.S[2]), math.prod(-(-k // s) for k, s in zip(geo.K, geo.S)), geo.CY
+    mlane = not c_inner and run >= MLANE_MIN_RUN and (taps == 1 if kernel == "fwd" else taps <= MLANE_MAX_TAPS)
+    tapmajor = ch % bk == 0 and (c_inner or taps == 1 or (mlane and geo.K[0] == 1))
+    return mlane, tapmajor
 
 
 def fwd(call, x, w, y, bbuf, bkw, xs, ws, ys):
@@ -233,15 +288,19 @@ def bwd_data(call, y, w, x, bbuf, bkw, xs, ws, ys):
     return _grid(call, "bwd_data", d, (x, w, y), (y, w, bbuf, x), largest, g.CX, g.G * math.prod(g.S))
 
 
-def weight_tile(sp: IgSpec) -> IgSpec:
-    """The grad-weight's tile for a problem whose tile is ``sp``: TC_TILE_WEIGHT's shape for the tensor-core tile."""
+def weight_tile(sp: IgSpec, rows: int = 1 << 30) -> IgSpec:
+    """The grad-weight's tile for a problem whose tile is ``sp`` and whose grad-weight GEMM has ``rows`` (output
+    channels per group): TC_TILE_WEIGHT's shape for the tensor-core tile (TC_WEIGHT_ROWS64's for 17-64 rows)."""
+    if not sp.tc:
+        return sp
     w = TC_TILE_WEIGHT
-    return dataclasses.replace(sp, bm=w.bm, bn=w.bn, bk=w.bk, wm=w.wm, wn=w.wn) if sp.tc else sp
+    bm, wm, wn = TC_WEIGHT_ROWS64 if NARROW < rows <= TC_WEIGHT_ROWS64[0] else (w.bm, w.wm, w.wn)
+    return dataclasses.replace(sp, bm=bm, bn=w.bn, bk=w.bk, wm=wm, wn=wn)
 
 
 def bwd_weight(call, x, y, w, xs, ws, ys):
     g = call.geo
-    sp = fit(weight_tile(call.ig), g.CY, g.CX * g.taps)
+    sp = fit(weight_tile(call.ig, g.CY), g.CY, g.CX * g.taps)
     if sp.tc and call.c_inner:  # channels-last: rows (k) and columns ((tap, c), c innermost) read along C
         sp = dataclasses.replace(sp, mfast=True)
     acc = 8 if call.dtype == "float64" else 4

@@ -18,7 +18,7 @@ from . import _cl_runtime as rt
 # each kernel argument is (call argument i, result k, a scratch buffer, or a constant such as the dummy buffer and
 # the local memory). Each recorded launch gets a kernel object of its own with the constant arguments set once.
 # A later call whose arrays have the recorded type, shape, strides, dtype and context (the plan cache already
-# checked the problem) only:
+# checked the problem), and offsets that keep the recorded kernels' alignment (Recorder.align), only:
 #   - patches the tensors' element offsets into the descriptor when they changed (views of one buffer, such as the
 #     bench's rotated sets) and sets it with _set_arg_buf,
 #   - sets the buffer arguments, allocates the results from the runtime's pool with pyopencl's fast Array
@@ -40,6 +40,7 @@ class Recorder:
     def __init__(self):
         self.steps: list[tuple] = []
         self.outs: list[tuple[rt.DevTensor, int]] = []
+        self.align = 1  # element offsets a replay needs (a multiple of): DW_CLA's aligned vectors
 
     def output(self, t: rt.DevTensor, position: int) -> None:
         self.outs.append((t, position))
@@ -102,6 +103,7 @@ class Replay:
         self.ctx = call.rt.ctx
         self.ctx_ptr = call.rt.ctx.int_ptr
         self.dtype_name = call.dtype
+        self.align = rec.align
         self.sigs = []
         self.items = []
         for a in args:
@@ -187,7 +189,7 @@ class Replay:
             if ctx is not self.ctx and ctx.int_ptr != self.ctx_ptr:
                 return None
             off = a.offset // item
-            if off > lim:
+            if off > lim or off % self.align:
                 return None
             offsets.append(off)
         if rt.force_idx64:

@@ -92,6 +92,11 @@ DW_KERNEL_SIZES = {(1, 1, 3), (1, 3, 3), (3, 3, 3), (1, 5, 5)}
 DW_CLW_CPU, DW_CLW_GPU = 16, 4
 DW_CL_LOCAL = (2, 2, 2)  # ... and its work-groups (8 work-items: PoCL runs a group's items in one loop)
 DW_CL_LOCAL_GPU = (8, 4, 4)  # GPUs: 8 channel blocks (one 128-byte line of bfloat16 x 8 lanes) x 4 W blocks x 4 rows
+# ... and the grad-weight's on GPUs (DW_CLB, DW_CLR): 8 channel blocks x 32 position lanes, added in a local tree
+DW_CLW_LOCAL_GPU = (8, 32)
+# ... over 2 work-groups per compute unit: H100, mbv2-dw3x3-bf16-cl, 0.56x the time of 8 per compute unit (32: 1.66x;
+# every split adds a local tree and a finalize term); 16 lanes 0.84x, 64 lanes 1.56x at 8 per compute unit
+DW_CLW_GROUPS_PER_CU = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,13 +112,19 @@ class DwSpec:
     nb: int = 1  # such row blocks per work-item
     cpu: bool = False  # DW_CPU: unaligned vector dereferences instead of vloadn/vstoren (CPU compilers)
     cl: bool = False  # DW_CL: the channels-last kernels (Note [channels-last depthwise]) instead of the W-vector ones
+    aligned: bool = False  # DW_CLA: every vector of a channels-last call at a multiple of vw elements (GPUs)
 
     @property
     def defines(self) -> tuple[str, ...]:
         return (f"DW_VW={self.vw}", f"DW_RB={self.rb}", f"DW_NB={self.nb}",
                 *(f"DW_K{i}={k}" for i, k in enumerate(self.K)),
                 *(f"DW_S{i}={s}" for i, s in enumerate(self.S))) + (("DW_CPU",) if self.cpu else ()) + (
-                    ("DW_CL", f"DW_CLW={self.clw}") if self.cl else ())
+                    ("DW_CL", f"DW_CLW={self.clw}", *self._cl_weight_defines) if self.cl else ()) + (
+                    ("DW_CLA",) if self.aligned else ())
+
+    @property
+    def _cl_weight_defines(self) -> tuple[str, ...]:
+        return () if self.cpu else tuple(f"DW_CL{k}={v}" for k, v in zip("BR", DW_CLW_LOCAL_GPU))
 
     @property
     def clw(self) -> int:
@@ -174,13 +185,19 @@ def dw_spec(problem: Problem, geo: Geometry, fmt: str, cpu: bool) -> tuple[DwSpe
 def dw_cl_spec(problem: Problem, geo: Geometry, fmt: str, cpu: bool) -> DwSpec | None:
     """Note [channels-last depthwise] (opencl/depthwise.cl): the settings of the kernels that vectorise along C for
     channels-last depthwise problems, or None (they need channel multiplier 1 and C in whole vectors; otherwise the
-    generic kernels run). CPU devices run all three directions on them; GPUs the forward and backward-data, their
-    grad-weight (one work-item per channel block and split, a CPU design) stays on the generic kernel."""
+    generic kernels run). CPU devices run the grad-weight one work-item per channel block and split, GPUs with
+    DW_CLR position lanes per channel block (DW_CLW_LOCAL_GPU)."""
     if fmt == "contiguous" or geo.CY != 1 or dw_spec(problem, geo, "contiguous", cpu)[0] is None:
         return None
     vw = 4 if problem.dtype == "float64" else 8
     local = DW_CL_LOCAL if cpu else DW_CL_LOCAL_GPU
     return DwSpec(vw, 1, local, 1, geo.K, geo.S, cpu=cpu, cl=True) if geo.G % vw == 0 else None
+
+
+def cl_aligned(vw: int, *tensors: rt.DevTensor) -> bool:
+    """Whether every run of vw channels of these channels-last tensors starts at a multiple of vw elements: their
+    offsets and their strides other than the channel one (of extents above 1) are multiples of vw (DW_CLA)."""
+    return not any(t.offset % vw or any(st % vw for n, st in zip(*_five(t)) if n > 1 and st != 1) for t in tensors)
 
 
 def _five(t: rt.DevTensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -286,6 +303,16 @@ class _Call:
         grad_output) have channel stride 1."""
         return self.dwcl is not None and all(_five(t)[1][1] == 1 for t in tensors)
 
+    def _cl_spec(self, *tensors: rt.DevTensor) -> DwSpec:
+        """The channels-last kernels' settings for one call: DW_CLA (aligned vector accesses) on a GPU when every
+        vector of ``tensors`` starts at a multiple of vw elements (offsets and the strides of N, D, H, W)."""
+        spec = self.dwcl
+        if spec.cpu or not cl_aligned(spec.vw, *tensors):
+            return spec
+        if self.rec is not None:  # a replay of this call needs offsets as aligned (Note [OpenCL replay])
+            self.rec.align = max(self.rec.align, spec.vw)
+        return dataclasses.replace(spec, aligned=True)
+
     def _dw_run(self, name, desc, tensors, args, gsize, lsize, local_bytes=0, spec=None):
         groups = math.prod(-(-g // l) * l for g, l in zip(gsize, lsize))
         desc.idx64 = rt.force_idx64 or not rt.index_fits_int32(groups + 64, *(t.span for t in tensors))
@@ -306,7 +333,7 @@ class _Call:
             rows = g.N * g.Y[0] * g.Y[1]
             d = self._desc(rows, xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset, **bkw)
             return self._dw_run("cl_fwd", d, (x, w, y), (x, w, bbuf, y), self._cl_grid(g.Y[2], rows),
-                                self.dwcl.local, spec=self.dwcl)
+                                self.dwcl.local, spec=self._cl_spec(x, y))
         if self.ig is not None and math.prod(y.shape):
             evt = igemm.fwd(self, x, w, y, bbuf, bkw, xs, ws, ys)
             if evt is not igemm.TOO_LARGE:
@@ -329,7 +356,7 @@ class _Call:
             rows = g.N * g.X[0] * g.X[1]
             d = self._desc(rows, xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset)
             return self._dw_run("cl_bwd_data", d, (x, w, y), (y, w, bbuf, x), self._cl_grid(g.X[2], rows),
-                                self.dwcl.local, spec=self.dwcl)
+                                self.dwcl.local, spec=self._cl_spec(x, y))
         if self.ig is not None and self.ig.phases and math.prod(x.shape):
             evt = igemm.bwd_data(self, y, w, x, bbuf, bkw, xs, ws, ys)
             if evt is not igemm.TOO_LARGE:
@@ -343,7 +370,7 @@ class _Call:
         (_, xs), (_, ws), (_, ys) = _five(x), _five(w), _five(y)
         if self._dw_ok(x, y) and math.prod(w.shape):
             return self._dw_bwd_weight(x, y, w, xs, ws, ys)
-        if self._dwcl_ok(x, y) and self.dwcl.cpu and math.prod(w.shape):
+        if self._dwcl_ok(x, y) and math.prod(w.shape):
             return self._dw_cl_bwd_weight(x, y, w, xs, ws, ys)
         if self.ig is not None and math.prod(w.shape):
             evt = igemm.bwd_weight(self, x, y, w, xs, ws, ys)
@@ -379,17 +406,19 @@ class _Call:
         return self.geo.G // self.dwcl.vw, -(-width // self.dwcl.clw), rows
 
     def _dw_cl_bwd_weight(self, x, y, w, xs, ws, ys):
-        """Note [channels-last depthwise] grad-weight: one work-item per (channel block, split) walking its positions
-        in order; partials added by dw_finalize when split."""
-        g, spec = self.geo, self.dwcl
+        """Note [channels-last depthwise] grad-weight: per (channel block, split) one work-item (CPU) or DW_CLR lanes
+        (GPU) walking the split's positions in order; partials added by dw_finalize when split."""
+        g, spec = self.geo, self._cl_spec(x, y)
         blocks, cnt = g.G // spec.vw, g.N * math.prod(g.Y)
-        splits = dw_splits(blocks, cnt, 1, self.rt.device.max_compute_units, True)
+        local = (1, 1) if spec.cpu else DW_CLW_LOCAL_GPU
+        splits = dw_cl_splits(blocks, cnt, self.rt.device.max_compute_units, spec.cpu)
         per = -(-cnt // splits) if cnt else 0
         splits = -(-cnt // per) if per else 1
         acc = 8 if self.dtype == "float64" else 4
         part = self._scratch(g.G * splits * spec.taps * acc) if splits > 1 else self.rt.dummy()
         d = self._desc(g.G * splits, xs=xs, ws=ws, ys=ys, xo=x.offset, wo=w.offset, yo=y.offset, red=per)
-        evt = self._dw_run("cl_bwd_weight", d, (x, w, y), (x, y, w, part), (blocks, splits), (1, 1), spec=spec)
+        evt = self._dw_run("cl_bwd_weight", d, (x, w, y), (x, y, w, part), (blocks, splits * local[1]), local,
+                           spec=spec)
         return evt if splits == 1 else self._dw_finalize(w, ws, part, g.G, splits, spec)
 
     def _scratch(self, nbytes: int) -> rt.DevTensor:
@@ -412,6 +441,17 @@ def dw_splits(channels: int, items: int, local: int, compute_units: int, cpu: bo
     want = (4 if cpu else 8) * max(1, compute_units)
     splits = max(1, min(64, -(-want // max(1, channels)), items // (4 * local)))
     return splits
+
+
+def dw_cl_splits(blocks: int, positions: int, compute_units: int, cpu: bool) -> int:
+    """Splits of the channels-last depthwise grad-weight's positions: CPUs as dw_splits (one work-item per channel
+    block and split); GPUs DW_CLW_GROUPS_PER_CU work-groups (of DW_CLW_LOCAL_GPU) per compute unit, at least 4
+    positions per lane, at most 1024."""
+    if cpu:
+        return dw_splits(blocks, positions, 1, compute_units, True)
+    groups = -(-blocks // DW_CLW_LOCAL_GPU[0])
+    return max(1, min(1024, -(-DW_CLW_GROUPS_PER_CU * max(1, compute_units) // groups),
+                      positions // (4 * DW_CLW_LOCAL_GPU[1])))
 
 
 def _group_size(reduction: int) -> int:
@@ -458,8 +498,9 @@ class OpenCLBackend(Backend):
         math_ = "fp32-accumulate" if dt in ("float16", "bfloat16") else "ieee"
         if dense == "igemm":
             tc, tc_why = igemm.tc_mode(dt, device)
-            why = (igemm.reason(geo, igemm.spec(geo, device.kind == "cpu", tc), problem.params.transposed, dense_why,
-                                device.name) + f"; grad-bias: one work-group per channel; results {fmt_why}"
+            sp = igemm.spec(geo, device.kind == "cpu", tc)
+            why = (igemm.reason(geo, sp, problem.params.transposed, dense_why, device.name, fmt != "contiguous")
+                   + f"; grad-bias: one work-group per channel; results {fmt_why}"
                    + (f"; tensor cores: {tc_why}" if tc else f"; FMA products ({tc_why})") + _DTYPE_NOTE.get(dt, ""))
             if tc:
                 dense, math_ = "igemm-tc", ("tf32" if dt == "float32" else math_)
@@ -530,8 +571,8 @@ def _reason_cl(problem: Problem, geo: Geometry, fmt_why: str, device: DeviceInfo
             f"{k} stride {st}, {spec.vw} channels x {spec.clw} W positions per work-item; "
             f"forward: dw_cl_fwd; backward-data: dw_cl_bwd_data; grad-weight: "
             + ("dw_cl_bwd_weight, one work-item per (channel block, split) + dw_finalize when split" if spec.cpu else
-               "the generic kernel, one work-group per weight element (dw_cl_bwd_weight's one work-item per channel "
-               "block and split is a CPU design)")
+               "dw_cl_bwd_weight, work-groups of {} channel blocks x {} position lanes per split, the lanes added in a "
+               "local tree, + dw_finalize when split".format(*DW_CLW_LOCAL_GPU))
             + f"; work-groups {'x'.join(map(str, spec.local))}; tensors whose channels are not contiguous run the "
             f"generic kernels; grad-bias: one work-group per channel; results {fmt_why}"
             + ("; bfloat16 stored as ushort, computed in float32, rounded to nearest even"

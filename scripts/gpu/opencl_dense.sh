@@ -16,6 +16,8 @@
 #   7. fma: the same bench with PORTCONV_OPENCL_TC=off (the FMA tiles) -> $OUT/ocl-fma/, geomean fma_ms / default_ms
 #   8. tctile: the bench, opencl only, once per tensor-core tile of TC_TILES ("BM,BN,BK,WM,WN[,REGS] ...", TC_TILE patched in
 #      that process) -> $OUT/tc-<tile>/, geomean per direction of tile_ms / default_ms (< 1: that tile is faster)
+#   9. patch: the bench, opencl only, once per NAME of PATCHES, in a process where the python of $PATCH_NAME (`g` =
+#      _cl_igemm) ran first -> $OUT/NAME-0/, geomean per direction of its medians over the default's
 # CONFORM_DTYPES (default "float32 float16 bfloat16") are the conformance step's dtypes (CONFORM_S=0: none), TEST_K
 # the -k filter of its tests/test_opencl.py run.
 # STEPS="env test bench tile direct" (default: all) picks steps; ROWS overrides the row list; BENCH_ARGS is added to
@@ -74,7 +76,7 @@ if has test; then
   grep -E "^(FAILED|ERROR)" "$OUT/test-opencl-gpu.txt" | cut -c1-200 | head -8; tail -1 "$OUT/test-opencl-gpu.txt"
 fi
 if has bench; then
-  timeout 140 $BENCH --out "$OUT/ocl" > "$OUT/bench-ocl.txt" 2>&1; echo "== bench igemm 64x64 rc=$?"
+  timeout ${BENCH_S:-140} $BENCH --out "$OUT/ocl" > "$OUT/bench-ocl.txt" 2>&1; echo "== bench igemm 64x64 rc=$?"
   ratio "$OUT/ocl/bench.json" | tee "$OUT/ratio-ocl.txt"
 fi
 # bench_tile NAME PATCH TILE: the bench, opencl only, in a process where PATCH (python, `g` = _cl_igemm, `t` = the TILE's
@@ -95,6 +97,10 @@ done
 for tile in ${TC_TILES:-}; do  # step tctile: TC_TILE patched
   has tctile || break
   tile_bench tc "g.TC_TILE = g.IgSpec(*t[:3], 0, 0, tc='ptx', wm=t[3], wn=t[4], regs=(t + [0])[5])" "$tile"
+done
+for name in ${PATCHES:-}; do  # step patch: the bench, opencl only, with the python of $PATCH_<name> applied (g, t=[0])
+  has patch || break
+  var="PATCH_$name"; tile_bench "$name" "${!var}" 0
 done
 if has direct; then  # the direct kernels (before igemm) on a few rows, opencl only
   PORTCONV_OPENCL_DENSE=direct timeout 60 python3 -m portconv.bench --backend opencl --cell-seconds 1 --runs 10 \
