@@ -602,6 +602,22 @@ def test_depthwise_variants(variant, monkeypatch):
         assert launched.get("dw_finalize", 0) == (1 if variant == "split-reduction" else 0)
 
 
+def test_depthwise_gpu_work_groups_fit_the_image():
+    """GPU settings: work-groups of up to 16 W blocks x 8 row blocks that fit the image, filled to 128 work-items with
+    planes, at most 64 (NVIDIA's limit along z) (MobileNetV2's 7x7 and 28x28 layers), the 16x8 groups on large
+    images; the CPU's up to 4x4 filled to 8."""
+    from portconv.backends import opencl as ob
+
+    for size, stride, gpu, cpu in (((7, 7), 1, (2, 4, 16), (1, 1, 8)), ((56, 56), 2, (7, 8, 2), (4, 4, 1)),
+                                   ((1, 1), 1, (1, 1, 64), (1, 1, 8)),
+                                   ((112, 112), 1, (16, 8, 1), (4, 4, 1)), ((56, 56), 1, (14, 8, 1), (4, 4, 1))):
+        x, w, _, p = _dw_case((8, *size), (3, 3), stride)
+        problem = Problem(p, spec_of(x), spec_of(w), True)
+        geo = ob.geometry(problem)
+        got = tuple(ob.dw_spec(problem, geo, "contiguous", c)[0].local for c in (False, True))
+        assert got == (gpu, cpu), (size, stride, got)
+
+
 def test_depthwise_grad_weight_is_deterministic(monkeypatch):
     from portconv.backends import opencl as ob
 
