@@ -373,3 +373,16 @@ def test_tuned_auto_entry(tiny_suite, tmp_path, monkeypatch, capsys):
     assert "tun" in res["auto+tune"]["plan"]["reason"].lower() and "tun" not in res["auto"]["plan"]["reason"].lower()
     assert stats["timed"] == before + 1 and pathlib.Path(cache_path()).is_file()
     assert f"auto+tune->{res['auto+tune']['backend']}" in text
+
+
+def test_benchmark_entries_time_last():
+    """Note [benchmark entries last]: on CUDA the cudnn.benchmark baselines run after every portconv entry, so those
+    meet the plans PyTorch's defaults chose (its cuDNN plan cache ignores the benchmark flag)."""
+    import types
+
+    from portconv.bench.runner import entries_for
+
+    avail = [{"backend": "cudnn", "available": True}, {"backend": "cuda", "available": True}]
+    got = [e.label for e in entries_for(None, avail, types.SimpleNamespace(type="cuda"), True)]
+    assert got == ["torch", "torch-ieee", "cudnn", "cuda", "auto", "torch+benchmark", "torch-ieee+benchmark"], got
+    assert [e.label for e in entries_for(["auto"], avail, types.SimpleNamespace(type="cpu"), True)] == ["torch", "auto"]
