@@ -19,6 +19,9 @@ IG_INLINE void IGN(_fetch)(const IGN(_op) *op, __global const T *pa, __global co
 }
 
 #if IG_TM_OP /* Note [OpenCL tap-major steps] (igemm.cl) */
+#if IG_AJ > 32
+#error "portconv: tap-major steps keep a work-item's A rows as bits of a uint (IG_AJ <= 32)"
+#endif
 /* bit j: A row j is inside the input at the work-item's current tap */
 IG_INLINE uint IGN(_rows_ok)(const IGN(_op) *op, const IGN(_rowt) *rows, const IGN(_redt) *d) {
     uint ok = 0;
