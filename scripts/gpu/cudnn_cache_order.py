@@ -1,6 +1,7 @@
 """Does the first cuDNN call for a shape fix the plan that later calls run, whatever cudnn.benchmark says?
 deepbench-b1-3x3's grad-weight (and forward) timed with CUDA events in one process, in the order given on the
-command line: `d` = torch defaults (benchmark off), `b` = cudnn.benchmark on. Usage: python3 cudnn_cache_order.py d b d"""
+command line: `d` = torch defaults (benchmark off), `b` = cudnn.benchmark on.
+Usage: python3 cudnn_cache_order.py d b d"""
 import sys
 
 import torch
