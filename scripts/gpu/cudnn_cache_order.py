@@ -5,6 +5,7 @@ Usage: python3 cudnn_cache_order.py d b d"""
 import sys
 
 import torch
+from sweep import median_ms  # the GPU scripts' CUDA-event median (scripts/gpu/sweep.py)
 
 x = torch.randn(1, 64, 112, 112, device="cuda")
 w = torch.randn(128, 64, 3, 3, device="cuda")
@@ -20,22 +21,7 @@ def fwd():
     return torch.ops.aten.convolution(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
 
 
-def median_ms(f, n=200):
-    for _ in range(20):
-        f()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(n):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        f()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    ts.sort()
-    return ts[n // 2]
-
-
 for mode in sys.argv[1:]:
     torch.backends.cudnn.benchmark = mode == "b"
-    print(f"{mode}: fwd {median_ms(fwd):.4f} ms  bwd-weight {median_ms(bwd_weight):.4f} ms", flush=True)
+    f, bw = median_ms(fwd, "cuda", 200), median_ms(bwd_weight, "cuda", 200)
+    print(f"{mode}: fwd {f:.4f} ms  bwd-weight {bw:.4f} ms", flush=True)
