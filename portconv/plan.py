@@ -70,7 +70,8 @@ class Plan:
         return self.impl.forward(self, input, weight, bias)
 
     def backward(self, grad_output, input, weight, output_mask=(True, True, True)):
-        return self.impl.backward(self, grad_output, input, weight, tuple(bool(m) for m in output_mask))
+        gi, gw, gb = output_mask  # three flags, as aten::convolution_backward takes
+        return self.impl.backward(self, grad_output, input, weight, (bool(gi), bool(gw), bool(gb)))
 
     def explain(self) -> str:
         lines = [

@@ -109,6 +109,93 @@ def test_measure_budget_cuts_runs_but_not_below_min_runs():
     assert m.stats.runs == 4 and m.requested_runs == 50 and m.warmup == 2
 
 
+def test_interleaved_entries_take_turns():
+    """Note [interleaved entries]: every member warms up (its first call on set 0, the one the check compares), then
+    takes its runs in turns whose order rotates each round, inside its own context; the sets rotate over the whole
+    sequence; a member that raises is reported with its exception and the others go on."""
+    import contextlib
+
+    seen = []
+
+    def member(name, fail_on=None):
+        def call(s):
+            seen.append((name, s))
+            if fail_on is not None and len([1 for n, _ in seen if n == name]) == fail_on:
+                raise RuntimeError(f"{name} broke")
+            return (name, s)
+
+        @contextlib.contextmanager
+        def ctx():
+            seen.append(("enter", name))
+            try:
+                yield
+            finally:
+                seen.append(("exit", name))
+        return call, ctx
+
+    sets = list(range(5))
+    ms = timing.measure_interleaved(timing.WallClock(), [member("a"), member("b"), member("c", fail_on=5)], sets,
+                                    rounds=3, runs=6, warmup=2)
+    assert [m.first_output for m in ms[:2]] == [("a", 0), ("b", 0)]
+    assert isinstance(ms[2], RuntimeError) and "c broke" in str(ms[2])
+    assert [len(m.samples_ms) for m in ms[:2]] == [6, 6] and all(m.warmup == 2 for m in ms[:2])
+    turns, cur = [], None  # (member, calls) per entered context, in order
+    for ev in seen:
+        if ev[0] == "enter":
+            cur = [ev[1], []]
+        elif ev[0] == "exit":
+            turns.append((cur[0], cur[1]))
+        else:
+            assert cur is not None and ev[0] == cur[0], "every call runs inside its own member's context"
+            cur[1].append(ev[1])
+    # warm-ups a b c; round 0 a b c; round 1 from the second: b c (fails on its 5th call) a; round 2 without c: a b
+    assert [t[0] for t in turns] == ["a", "b", "c", "a", "b", "c", "b", "c", "a", "a", "b"]
+    assert [t[1][0] for t in turns[:3]] == [0, 0, 0]  # every first call on set 0
+    assert [len(t[1]) for t in turns[3:]] == [2, 2, 2, 2, 1, 2, 2, 2]
+    for part in (turns[3:7], turns[8:]):  # one rotation over the turns (c's broken turn had taken 2 sets)
+        timed = [x for t in part for x in t[1]]
+        assert timed == [(timed[0] + i) % 5 for i in range(len(timed))]
+
+
+def test_held_stream_retries_a_spin_that_ended_early():
+    """Note [held stream]: each batch is enqueued behind a spin; a spin that ended before the last call was enqueued
+    (its event already complete) makes the batch run again with a 4x longer spin, kept for later batches; after 4
+    tries the batch counts as a failure. A fake torch.cuda stands in for the GPU (CI has none)."""
+    import contextlib
+
+    log, early = [], []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.timed = enable_timing
+
+        def record(self, stream):
+            log.append("event")
+
+        def query(self):
+            return early.pop(0)
+
+        def elapsed_time(self, other):
+            return 0.5
+
+    cuda = types.SimpleNamespace(Event=Event, current_stream=lambda d: "stream", synchronize=lambda d: None,
+                                 device=lambda d: contextlib.nullcontext(),
+                                 _sleep=lambda cycles: log.append(("spin", cycles)))
+    clock = timing.CudaClock("cuda:0", hold=True)
+    clock.torch = types.SimpleNamespace(cuda=cuda)
+    assert "spin kernel" in clock.method
+    early[:] = [True, False]  # the first spin ended too soon, the second did not
+    out = clock.samples(lambda a: log.append(("call", a)), [1, 2])
+    assert out == [0.5, 0.5] and clock.hold_failures == 0 and clock.spin_us_per_call == 400.0
+    spins = [e[1] for e in log if e[0] == "spin"]
+    assert spins == [(200 + 100 * 2) * 2000, (200 + 400 * 2) * 2000]
+    assert [e for e in log if e[0] == "call"] == [("call", 1), ("call", 2)] * 2  # the batch ran again
+    log.clear()
+    early[:] = [True] * 4
+    assert clock.samples(lambda a: None, [1]) == [0.5] and clock.hold_failures == 1
+    assert len([e for e in log if e[0] == "spin"]) == 4
+
+
 def test_rotation_count():
     r = timing.rotation(set_bytes=3 << 20, min_input_bytes=1 << 20, cache=(32 << 20, "test"), budget_bytes=1 << 30)
     assert r.sets == 64 and r.exceeds_cache  # 2 * 32 MiB / 1 MiB
@@ -199,6 +286,10 @@ def test_bench_runs_opencl_and_aten(tiny_suite, tmp_path, capsys):
         for label in ("torch", "opencl", "aten"):
             _check_cell_numbers(rep, row, label)
         assert row["rotation"]["sets"] >= 2
+        # Note [interleaved entries]: the torch-tensor entries took turns; the OpenCL one (its own clock) ran alone
+        assert all(c["interleaved_with"] == ["aten"] for c in row["results"]["torch"]["directions"].values())
+        assert all("interleaved_with" not in c for c in row["results"]["opencl"]["directions"].values())
+    assert rep["settings"]["interleave_rounds"] == 10 and "timed in turns" in (out / "bench.md").read_text()
     assert rep["rows"][1]["results"]["opencl"]["plan"]["algorithm"] == "igemm-transposed"
     assert rep["environment"]["versions"]["torch"] and rep["settings"]["runs"] == 5
     assert "tiny-tconv-cl" in text and "opencl" in text and "floor" in text

@@ -19,14 +19,15 @@ def _pad_extra(x, params):
 
 
 def _call_args(plan) -> tuple:
-    """(pad_extra?, torch.convolution, stride, padding, dilation, transposed, output_padding, groups,
-    aten.convolution_backward.default), memoized on the plan: the hot path makes one positional call to the C binding
-    (torch.ops.aten.convolution costs ~10 us more; the backward overload with keywords ~4 us more)."""
+    """(pad_extra?, torch.convolution, (stride, padding, dilation, transposed, output_padding, groups),
+    aten.convolution_backward.default, bias_sizes), memoized on the plan: the hot path makes one positional call to
+    the C binding (torch.ops.aten.convolution costs ~10 us more; the backward overload with keywords ~4 us more)."""
     import torch
 
-    p = plan.problem.params
-    args = (any(p.padding_extra), torch.convolution, list(p.stride), list(p.padding), list(p.dilation), p.transposed,
-            list(p.output_padding), p.groups, torch.ops.aten.convolution_backward.default)
+    p, w = plan.problem.params, plan.problem.weight.shape
+    conv = (list(p.stride), list(p.padding), list(p.dilation), p.transposed, list(p.output_padding), p.groups)
+    args = (any(p.padding_extra), torch.convolution, conv, torch.ops.aten.convolution_backward.default,
+            [w[1] * p.groups if p.transposed else w[0]])
     plan.state["aten_args"] = args
     return args
 
@@ -59,22 +60,16 @@ class AtenBackend(Backend):
                       math="tf32" if tf32 else "ieee")
 
     def forward(self, plan, input, weight, bias):
-        args = plan.state.get("aten_args")
-        if args is None:
-            args = _call_args(plan)
+        args = plan.state.get("aten_args") or _call_args(plan)
         if args[0]:
             input = _pad_extra(input, plan.problem.params)
-        return args[1](input, weight, bias, *args[2:8])
+        return args[1](input, weight, bias, *args[2])
 
     def backward(self, plan, grad_output, input, weight, output_mask):
-        args = plan.state.get("aten_args")
-        if args is None:
-            args = _call_args(plan)
-        p = plan.problem.params
-        x = _pad_extra(input, p) if args[0] else input
-        bias_sizes = [weight.shape[1] * p.groups if p.transposed else weight.shape[0]]
-        gi, gw, gb = args[8](grad_output, x, weight, bias_sizes, *args[2:8], list(output_mask))
+        args = plan.state.get("aten_args") or _call_args(plan)
+        x = _pad_extra(input, plan.problem.params) if args[0] else input
+        gi, gw, gb = args[3](grad_output, x, weight, args[4], *args[2], list(output_mask))
         if gi is not None and args[0]:
             gi = gi[(slice(None), slice(None)) + tuple(slice(0, s) for s in input.shape[2:])]
         # ATen computes some gradients together (oneDNN returns grad_weight with grad_bias): honour the mask anyway
-        return tuple(t if m else None for t, m in zip((gi, gw, gb), output_mask))
+        return (gi if output_mask[0] else None, gw if output_mask[1] else None, gb if output_mask[2] else None)

@@ -54,6 +54,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--no-check", action="store_true", help="skip comparing each result with PyTorch's")
     g.add_argument("--no-torch-variants", action="store_true",
                    help="on CUDA, time PyTorch with its defaults only (not IEEE float32, not cudnn.benchmark)")
+    g.add_argument("--no-interleave", action="store_true",
+                   help="time the entries one after the other, not in turns (Note [interleaved entries])")
+    g.add_argument("--hold-stream", action="store_true",
+                   help="CUDA: enqueue each batch of calls behind a spin kernel, so the events time the GPU's work "
+                        "without the host's launch cost (Note [held stream], nvbench's blocking kernel)")
     g.add_argument("--overhead", action="store_true",
                    help="also measure per-call overhead and first-call compile times (portconv.bench.overhead)")
     g.add_argument("--seed", type=int, default=0)
@@ -110,7 +115,9 @@ def main(a) -> int:
         opts = Options(runs=a.runs, min_runs=min(a.min_runs, a.runs), warmup=a.warmup, warmup_s=a.warmup_seconds,
                        budget_s=a.cell_seconds or None, directions=directions, backends=names, device=a.device,
                        torch_variants=not a.no_torch_variants, peaks=not a.no_peaks,
-                       remeasure_peaks=a.remeasure_peaks, check=not a.no_check, seed=a.seed, log=log,
+                       remeasure_peaks=a.remeasure_peaks, check=not a.no_check, interleave=not a.no_interleave,
+                       hold_stream=a.hold_stream,
+                       seed=a.seed, log=log,
                        on_row=(lambda rep: _partial(rep, a.out)) if a.out else None)
         log(f"suite: {source}; {len(rows)} row(s)")
         rep = run(rows, opts)

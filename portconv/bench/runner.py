@@ -17,6 +17,7 @@ from .report import summary
 from .suite import DIRECTIONS, MASKS, Row
 
 # ||out - ref|| / ||ref|| allowed against PyTorch's IEEE result in the row's dtype (a flag in the report, no stop)
+INTERLEAVE_ROUNDS = 10  # Note [interleaved entries] (timing.measure_interleaved): turns per entry and direction
 CHECK_LIMITS = {"float64": 1e-10, "float32": 1e-4, "tf32": 5e-3, "float16": 1e-2, "bfloat16": 3e-2}
 
 
@@ -34,6 +35,8 @@ class Options:
     peaks: bool | dict = True  # True: measured (cached); False: no roofline; a dict: these peaks
     remeasure_peaks: bool = False
     check: bool = True
+    interleave: bool = True  # Note [interleaved entries]: torch-tensor entries (not cudnn.benchmark ones) in turns
+    hold_stream: bool = False  # Note [held stream] (timing.CudaClock): CUDA device time without the launch cost
     seed: int = 0
     log: Callable[[str], None] | None = None
     on_row: Callable[[dict], None] | None = None  # called with the partial report after each row
@@ -139,13 +142,18 @@ class _Calls:
                 return lambda s: plan.forward(s.input, s.weight, s.bias)
             mask, pick = MASKS[direction], 0 if direction == "bwd-data" else 1
             return lambda s: plan.backward(s.grad_output, s.input, s.weight, mask)[pick]
+        # Note [PyTorch's fastest binding]: torch.convolution and the .default overload, positional, as the aten
+        # backend calls them; torch.ops.aten.convolution with keywords costs ~10 us more of host time a call, which
+        # showed as a 1.18x 'speed-up' of auto->aten over the same cuDNN kernels (h100-2026-11-24/auto-alternate/)
+        pos = (a["stride"], a["padding"], a["dilation"], a["transposed"], a["output_padding"], a["groups"])
         if direction == "fwd":
-            return lambda s: aten.convolution(self._pad(s.input), s.weight, s.bias, **a)
+            conv = torch.convolution
+            return lambda s: conv(self._pad(s.input), s.weight, s.bias, *pos)
         mask, pick = list(MASKS[direction]), 0 if direction == "bwd-data" else 1
-        sizes = [self.row.case.k]
+        sizes, op = [self.row.case.k], aten.convolution_backward.default
 
         def back(s):
-            r = aten.convolution_backward(s.grad_output, self._pad(s.input), s.weight, sizes, **a, output_mask=mask)
+            r = op(s.grad_output, self._pad(s.input), s.weight, sizes, *pos, mask)
             g = r[pick]
             if pick == 0 and any(self.p.padding_extra):
                 g = g[(slice(None), slice(None)) + tuple(slice(0, n) for n in s.input.shape[2:])]
@@ -178,7 +186,7 @@ class _Run:
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         gpu = self.device.type == "cuda"
-        self.clock = timing.CudaClock(self.device) if gpu else timing.WallClock()
+        self.clock = timing.CudaClock(self.device, opts.hold_stream) if gpu else timing.WallClock()
         self.cache = timing.cuda_cache_bytes(self.device) if gpu else timing.cpu_cache_bytes()
         self.budget = timing.memory_budget(self.device.type, self.device)
         self.tf32 = settings.conv_tf32_default() if gpu else (False, "no TF32 on the CPU")
@@ -255,8 +263,11 @@ def run_row(run: _Run, row: Row, pk: dict | None) -> dict:
         with settings.torch_variant(ieee=run.device.type == "cuda"), torch.no_grad():
             calls = _Calls(row)
             refs = {d: calls.get(d)(tsets[0]) for d in o.directions}
-    clsets = None
+    clsets, group = None, []  # group: Note [interleaved entries] (timing.measure_interleaved)
     for entry in run.entries:
+        if entry.benchmark and group:  # Note [benchmark entries last]: after the interleaved ones too
+            _time_entries(run, row, group, tsets, run.clock, run.device.type == "cuda", refs, pk)
+            group = []
         res = out["results"][entry.label] = {"kind": entry.kind, "status": "ok", "directions": {}}
         if entry.ieee and dtype != "float32":
             res.update(status="skipped", reason="the same as torch: the IEEE/TF32 choice concerns float32 only")
@@ -279,59 +290,93 @@ def run_row(run: _Run, row: Row, pk: dict | None) -> dict:
             sets, clock, gpu = clsets, run.cl[1], run.cl[4]
         else:
             sets, clock, gpu = tsets, run.clock, run.device.type == "cuda"
-        _run_entry(run, row, entry, res, sets, clock, gpu, refs, pk)
-    del tsets, clsets, refs, flat
+        prepared = _prepare_entry(run, row, entry, res, sets)
+        if prepared is None:
+            continue
+        if o.interleave and entry.data_kind == "torch" and not entry.benchmark:
+            group.append(prepared)
+        else:
+            _time_entries(run, row, [prepared], sets, clock, gpu, refs, pk)
+    if group:
+        _time_entries(run, row, group, tsets, run.clock, run.device.type == "cuda", refs, pk)
+    del tsets, clsets, refs, flat, group
     if run.device.type == "cuda":
         torch.cuda.empty_cache()
     _derive(out, o.directions)
     return out
 
 
-def _run_entry(run: _Run, row: Row, entry: Entry, res: dict, sets, clock, gpu: bool, refs: dict, pk) -> None:
-    import torch
+@dataclasses.dataclass
+class _Prepared:
+    """An entry ready to time: its result dict, its calls and the torch settings its calls run under."""
 
-    o, case, dtype = run.opts, row.case, row.dtype
-    plan = None
+    entry: Entry
+    res: dict
+    calls: _Calls
+
+    def context(self):
+        e = self.entry
+        return settings.torch_variant(e.benchmark, e.ieee) if e.kind == "torch" else _null()
+
+
+def _prepare_entry(run: _Run, row: Row, entry: Entry, res: dict, sets) -> _Prepared | None:
+    """The entry's plan (portconv entries; None with the reason in ``res`` when it cannot run), math, settings."""
+    dtype, plan = row.dtype, None
     if entry.kind == "portconv":
         s0 = sets[0]
         try:
             with tune(entry.tuned):
-                plan = functional.plan(s0.input, s0.weight, s0.bias, **case.conv_args(), backend=entry.backend)
+                plan = functional.plan(s0.input, s0.weight, s0.bias, **row.case.conv_args(), backend=entry.backend)
         except (BackendUnavailable, Unsupported, ConvError) as e:
             res.update(status="unsupported", reason=_clean_reason(e))
-            return
+            return None
         res["plan"] = plan.as_dict()
         res["backend"] = str(plan.backend)
     res["math"] = _math_of(run, entry, plan, dtype)
     res["same_device_as_peaks"] = run.same_device(entry)
-    key = roofline.peak_key(dtype, res["math"])
-    calls = _Calls(row, plan)
-    variant = settings.torch_variant(entry.benchmark, entry.ieee) if entry.kind == "torch" else _null()
-    with variant as said, torch.no_grad():
-        if entry.kind == "torch":
+    p = _Prepared(entry, res, _Calls(row, plan))
+    if entry.kind == "torch":
+        with p.context() as said:
             res["settings"] = said
-        for d in o.directions:
+    return p
+
+
+def _time_entries(run: _Run, row: Row, group: list[_Prepared], sets, clock, gpu: bool, refs: dict, pk) -> None:
+    """Time every direction of the entries in ``group`` (one entry: alone; several: in turns, Note [interleaved
+    entries]) and fill their cells: median and samples, correctness check, floor and efficiency."""
+    import torch
+
+    o, case, dtype = run.opts, row.case, row.dtype
+    for d in o.directions:
+        members = [(p.calls.get(d), p.context) for p in group]
+        with torch.no_grad():
+            ms = timing.measure_interleaved(clock, members, sets, rounds=INTERLEAVE_ROUNDS if len(group) > 1 else 1,
+                                            runs=o.runs, warmup=run.warmup(gpu), min_runs=o.min_runs,
+                                            budget_s=o.budget_s, warmup_s=o.warmup_s)
+        for p, m in zip(group, ms):
+            res, label = p.res, p.entry.label
             cell = res["directions"][d] = {}
-            try:
-                m = timing.measure(clock, calls.get(d), sets, runs=o.runs, warmup=run.warmup(gpu),
-                                   min_runs=o.min_runs, budget_s=o.budget_s, warmup_s=o.warmup_s)
-            except Exception as e:  # noqa: BLE001 - a failing kernel is reported in its cell, the run goes on
-                cell.update(status="error", error=f"{type(e).__name__}: {e}")
+            if isinstance(m, BaseException):  # a failing kernel is reported in its cell, the run goes on
+                cell.update(status="error", error=f"{type(m).__name__}: {m}")
                 res["status"] = "error"
-                run.log(f"  {row.name} {entry.label} {d}: {type(e).__name__}: {e}")
+                run.log(f"  {row.name} {label} {d}: {type(m).__name__}: {m}")
                 continue
             cell.update(status="ok", **m.as_dict())
+            if len(group) > 1:
+                cell["interleaved_with"] = [q.entry.label for q in group if q is not p]
             if d in refs:
                 limit = CHECK_LIMITS[roofline.peak_key(dtype, res["math"])]
                 cell["check"] = check(m.first_output, refs[d], limit)
+            key = roofline.peak_key(dtype, res["math"])
             nbytes = roofline.min_bytes(case, dtype, d)
             fl = roofline.floor(roofline.flops(case), nbytes, *roofline.peak_values(pk, key))
             if res["same_device_as_peaks"] and fl["floor_ms"]:
                 cell["floor_ms"], cell["bound"] = fl["floor_ms"], fl["bound"]
                 cell["efficiency"] = roofline.efficiency(fl["floor_ms"], m.stats.median)
-            run.log(f"  {row.name:<24} {entry.label:<22} {d:<10} median {m.stats.median:10.4f} ms "
+            run.log(f"  {row.name:<24} {label:<22} {d:<10} median {m.stats.median:10.4f} ms "
                     f"({m.stats.runs} runs)" + ("" if cell.get("check", {}).get("ok", True) else "  CHECK FAILED"))
-    res["timing"] = clock.method  # after the cells: an OpenCL clock may have fallen back to the wall clock
+    for p in group:
+        p.res["timing"] = clock.method  # after the cells: an OpenCL clock may have fallen back to the wall clock
 
 
 class _null:
@@ -416,7 +461,10 @@ def _report(r: _Run, opts: Options, started, load_before, poison_was, pk, out_ro
                      "budget_s_per_cell": opts.budget_s, "directions": list(opts.directions), "seed": opts.seed,
                      "check": opts.check, "check_limits": CHECK_LIMITS, "torch_variants": opts.torch_variants,
                      "conv_tf32_default": {"tf32": r.tf32[0], "why": r.tf32[1]},
-                     "poison_was_set": poison_was, "entries": [e.label for e in r.entries]},
+                     "poison_was_set": poison_was, "entries": [e.label for e in r.entries],
+                     "interleave_rounds": INTERLEAVE_ROUNDS if opts.interleave else None,
+                     "hold_stream": opts.hold_stream and r.device.type == "cuda",
+                     "hold_failures": getattr(r.clock, "hold_failures", 0)},
         "backends": r.avail, "peaks": pk, "rows": out_rows, "summary": summary(out_rows, opts.directions)}
 
 

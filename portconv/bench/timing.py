@@ -71,22 +71,33 @@ class WallClock:
 
 
 class CudaClock:
-    """torch.cuda.Event pairs around each call on the current stream; read after one synchronize."""
+    """torch.cuda.Event pairs around each call on the current stream; read after one synchronize.
 
-    method = "CUDA events (torch.cuda.Event) around each call on the current stream"
+    Note [held stream]: with ``hold`` each batch of calls is enqueued behind a spin kernel (torch.cuda._sleep) that
+    keeps the stream busy until the host has enqueued every call of the batch (nvbench's blocking kernel), so the
+    events time the GPU's work alone: a call whose host cost exceeds its kernels' no longer leaves the GPU idle
+    between its start event and its first kernel. An event recorded after the spin tells whether the spin outlasted
+    the enqueueing; if not, the batch is timed again with a spin 4x longer (the length is kept for later batches),
+    and after 4 tries the samples are kept and ``hold_failures`` counts the batch.
+    """
 
-    def __init__(self, device):
+    def __init__(self, device, hold: bool = False):
         import torch
 
         self.torch = torch
         self.device = device
+        self.hold = hold
+        self.spin_us_per_call = 100.0  # grows when a spin ended before the host had enqueued its batch
+        self.hold_failures = 0
+        self.method = ("CUDA events around each call, each batch enqueued behind a spin kernel that holds the stream "
+                       "until the host has enqueued it (Note [held stream]): device time without the host's launch "
+                       "cost" if hold else "CUDA events (torch.cuda.Event) around each call on the current stream")
 
     def sync(self) -> None:
         self.torch.cuda.synchronize(self.device)
 
-    def samples(self, call, args) -> list[float]:
+    def _enqueue(self, call, args, stream) -> list:
         cuda = self.torch.cuda
-        stream = cuda.current_stream(self.device)
         pairs = []
         for a in args:
             start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
@@ -94,7 +105,28 @@ class CudaClock:
             call(a)
             end.record(stream)
             pairs.append((start, end))
-        self.sync()
+        return pairs
+
+    def samples(self, call, args) -> list[float]:
+        cuda = self.torch.cuda
+        stream = cuda.current_stream(self.device)
+        if not self.hold:
+            pairs = self._enqueue(call, args, stream)
+            self.sync()
+            return [s.elapsed_time(e) for s, e in pairs]
+        for _ in range(4):
+            with cuda.device(self.device):
+                cuda._sleep(int((200 + self.spin_us_per_call * len(args)) * 2000))  # ~2000 cycles a us
+            held = cuda.Event()
+            held.record(stream)
+            pairs = self._enqueue(call, args, stream)
+            early = held.query()  # the spin ended before the last call was enqueued
+            self.sync()
+            if not early:
+                break
+            self.spin_us_per_call *= 4
+        else:
+            self.hold_failures += 1
         return [s.elapsed_time(e) for s, e in pairs]
 
 
@@ -158,6 +190,42 @@ class Measurement:
         return d
 
 
+@dataclasses.dataclass
+class _Warm:
+    """A call after its warm-up: what the first call returned and took, how many calls warmed it, the runs to time."""
+
+    first: object
+    first_ms: float
+    warmup: int
+    target: int
+
+
+def _warm_up(clock, call: Callable, sets: Sequence, at: int, *, runs: int, warmup: int, min_runs: int,
+             budget_s: float | None, warmup_s: float) -> tuple[_Warm, int]:
+    """The warm-up of measure(): the first call on set 0 (the one the correctness check compares), the next ones on
+    the sets from ``at`` + 1; returns it and the next set's index."""
+    n = len(sets)
+    t0 = time.perf_counter()
+    first = call(sets[0])
+    clock.sync()
+    first_ms = (time.perf_counter() - t0) * 1e3
+    t0 = time.perf_counter()
+    call(sets[(at + 1) % n])
+    clock.sync()
+    est = max(time.perf_counter() - t0, 1e-7)
+    extra = max(0, warmup - 2, math.ceil(warmup_s / est) - 2)
+    target = runs
+    if budget_s is not None:
+        extra = min(extra, int(0.25 * budget_s / est))
+        target = min(runs, max(min_runs, int(budget_s / est)))
+    i = at + 2
+    for _ in range(extra):
+        call(sets[i % n])
+        i += 1
+    clock.sync()
+    return _Warm(first, first_ms, 2 + extra, target), i
+
+
 def measure(clock, call: Callable, sets: Sequence, *, runs: int, warmup: int, min_runs: int = 5,
             budget_s: float | None = None, warmup_s: float = 0.0) -> Measurement:
     """Warm up, then time ``runs`` calls, set i of ``sets`` on call i (rotating).
@@ -168,28 +236,65 @@ def measure(clock, call: Callable, sets: Sequence, *, runs: int, warmup: int, mi
     With ``budget_s`` the warm-up is cut to a quarter of the budget and the timed runs to what fits in it, never
     below ``min_runs`` (the report shows the count).
     """
+    (m,) = measure_interleaved(clock, [(call, None)], sets, rounds=1, runs=runs, warmup=warmup, min_runs=min_runs,
+                               budget_s=budget_s, warmup_s=warmup_s)
+    if isinstance(m, BaseException):
+        raise m
+    return m
+
+
+def measure_interleaved(clock, members: Sequence[tuple[Callable, Callable | None]], sets: Sequence, *, rounds: int,
+                        runs: int, warmup: int, min_runs: int = 5, budget_s: float | None = None,
+                        warmup_s: float = 0.0) -> list[Measurement | BaseException]:
+    """measure() for several calls of the same data at once, their timed runs taken in turns.
+
+    Note [interleaved entries]: calls timed one after the other are compared across moments: clocks, power state
+    and the host's other work drift between them, and identical calls (portconv's aten backend and PyTorch's own
+    call, the same cuDNN kernels) measured 0.66x-1.2x of each other in one process (h100-2026-11-24/). Here each
+    member (call, context factory or None: entered around each of its turns, e.g. a torch setting) warms up in
+    turn, then ``rounds`` rounds each give every member its next share of its runs, the order rotated by one each
+    round; the buffer sets rotate over the whole sequence, so no turn starts on data the previous one left in the
+    cache. A member whose call raises is dropped from later turns and gets the exception in its place.
+    """
+    import contextlib
+
     n = len(sets)
-    t0 = time.perf_counter()
-    first = call(sets[0])
-    clock.sync()
-    first_ms = (time.perf_counter() - t0) * 1e3
-    t0 = time.perf_counter()
-    call(sets[1 % n])
-    clock.sync()
-    est = max(time.perf_counter() - t0, 1e-7)
-    extra = max(0, warmup - 2, math.ceil(warmup_s / est) - 2)
-    target = runs
-    if budget_s is not None:
-        extra = min(extra, int(0.25 * budget_s / est))
-        target = min(runs, max(min_runs, int(budget_s / est)))
-    i = 2
-    for _ in range(extra):
-        call(sets[i % n])
-        i += 1
-    clock.sync()
-    args = [sets[(i + j) % n] for j in range(target)]
-    samples = clock.samples(call, args)
-    return Measurement(Stats.of(samples), samples, first_ms, 2 + extra, runs, clock.method, first)
+    out: list = [None] * len(members)
+    warm: dict[int, _Warm] = {}
+    samples: dict[int, list[float]] = {}
+    at = 0
+
+    def turn(k, fn):
+        ctx = members[k][1]
+        with ctx() if ctx is not None else contextlib.nullcontext():
+            return fn()
+
+    for k, (call, _) in enumerate(members):
+        try:
+            warm[k], at = turn(k, lambda call=call, at=at: _warm_up(
+                clock, call, sets, at, runs=runs, warmup=warmup, min_runs=min_runs, budget_s=budget_s,
+                warmup_s=warmup_s))
+            samples[k] = []
+        except Exception as e:  # noqa: BLE001 - reported in the member's cell
+            out[k] = e
+    for r in range(max(1, rounds)):
+        live = [k for k in samples if out[k] is None]
+        if not live:
+            break
+        for k in live[r % len(live):] + live[:r % len(live)]:
+            want = min(warm[k].target - len(samples[k]), -(-warm[k].target // max(1, rounds)))
+            if want <= 0:
+                continue
+            args = [sets[(at + j) % n] for j in range(want)]
+            at += want
+            try:
+                samples[k] += turn(k, lambda k=k, args=args: clock.samples(members[k][0], args))
+            except Exception as e:  # noqa: BLE001
+                out[k] = e
+    for k, w in warm.items():
+        if out[k] is None:
+            out[k] = Measurement(Stats.of(samples[k]), samples[k], w.first_ms, w.warmup, runs, clock.method, w.first)
+    return out
 
 
 # --- caches and buffer rotation -----------------------------------------------------------------------------
