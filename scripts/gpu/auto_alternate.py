@@ -4,7 +4,8 @@ now (`torch`: torch.convolution and the .default overload, positional), portconv
 default plan (`auto`, `auto->aten` on these rows), timed
 alternately in one process on one suite row, round after round, with the cuDNN kernels each ran (torch.profiler).
 
-Usage (repository root, CUDA machine): PYTHONPATH=. python3 scripts/gpu/auto_alternate.py ROW [ROUNDS [RUNS]]
+Usage (repository root, CUDA machine):
+    PYTHONPATH=.:scripts/gpu python3 scripts/gpu/auto_alternate.py ROW [ROUNDS [RUNS]]
 Prints per round and direction each entry's median (ms, CUDA events, inputs rotated over 4 sets), then per entry
 the kernel names with their device time per call. Default row resnet50-l3-3x3, 6 rounds of 50 runs.
 """
@@ -16,6 +17,7 @@ import sys
 from collections import defaultdict
 
 import torch
+from sweep import median_ms  # scripts/gpu/sweep.py (PYTHONPATH=.:scripts/gpu)
 
 import portconv
 
@@ -47,19 +49,9 @@ def calls(r: dict, sets: list, plans: dict) -> dict:
 
 
 def timed(fn, n: int, runs: int) -> float:
-    for i in range(5):
-        fn(i % n)
-    torch.cuda.synchronize()
-    ts = []
-    for i in range(runs):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn(i % n)
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e))
-    ts.sort()
-    return ts[len(ts) // 2]
+    """sweep.py's CUDA-event median, the buffer sets rotating from call to call."""
+    it = iter(range(1 << 30))
+    return median_ms(lambda: fn(next(it) % n), "cuda", runs)
 
 
 def kernels(fn, n: int, runs: int = 20) -> list[tuple[str, float]]:
