@@ -242,6 +242,9 @@ def test_cache_follows_knobs_use_backend_and_torch_flags(fresh, monkeypatch, req
         portconv.conv2d(x, w, padding=1)
     assert len(aten) == 2
     if "opencl" in requested_backends:
+        from conftest import require_backend
+
+        require_backend("opencl")  # requested: absent fails here, with the reason
         monkeypatch.delenv("PORTCONV_DISABLE")
         portconv.conv2d(x, w, padding=1)  # opencl again
         assert len(aten) == 2
