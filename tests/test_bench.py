@@ -111,8 +111,9 @@ def test_measure_budget_cuts_runs_but_not_below_min_runs():
 
 def test_interleaved_entries_take_turns():
     """Note [interleaved entries]: every member warms up (its first call on set 0, the one the check compares), then
-    takes its runs in turns whose order rotates each round, inside its own context; the sets rotate over the whole
-    sequence; a member that raises is reported with its exception and the others go on."""
+    takes its runs in turns of turn_runs timed calls after one untimed lead-in call, the order rotating each round,
+    inside its own context; the sets rotate over the whole sequence; a member that raises is reported with its
+    exception and the others go on."""
     import contextlib
 
     seen = []
@@ -134,8 +135,8 @@ def test_interleaved_entries_take_turns():
         return call, ctx
 
     sets = list(range(5))
-    ms = timing.measure_interleaved(timing.WallClock(), [member("a"), member("b"), member("c", fail_on=5)], sets,
-                                    rounds=3, runs=6, warmup=2)
+    ms = timing.measure_interleaved(timing.WallClock(), [member("a"), member("b"), member("c", fail_on=6)], sets,
+                                    turn_runs=2, runs=6, warmup=2)
     assert [m.first_output for m in ms[:2]] == [("a", 0), ("b", 0)]
     assert isinstance(ms[2], RuntimeError) and "c broke" in str(ms[2])
     assert [len(m.samples_ms) for m in ms[:2]] == [6, 6] and all(m.warmup == 2 for m in ms[:2])
@@ -148,13 +149,16 @@ def test_interleaved_entries_take_turns():
         else:
             assert cur is not None and ev[0] == cur[0], "every call runs inside its own member's context"
             cur[1].append(ev[1])
-    # warm-ups a b c; round 0 a b c; round 1 from the second: b c (fails on its 5th call) a; round 2 without c: a b
+    # warm-ups a b c; round 0 a b c; round 1 from the second: b, c (its lead-in is its 6th call: it fails), a;
+    # round 2 without c: a b. A timed turn is 1 lead-in + 2 timed calls.
     assert [t[0] for t in turns] == ["a", "b", "c", "a", "b", "c", "b", "c", "a", "a", "b"]
     assert [t[1][0] for t in turns[:3]] == [0, 0, 0]  # every first call on set 0
-    assert [len(t[1]) for t in turns[3:]] == [2, 2, 2, 2, 1, 2, 2, 2]
-    for part in (turns[3:7], turns[8:]):  # one rotation over the turns (c's broken turn had taken 2 sets)
-        timed = [x for t in part for x in t[1]]
-        assert timed == [(timed[0] + i) % 5 for i in range(len(timed))]
+    assert [len(t[1]) for t in turns[3:]] == [3, 3, 3, 3, 1, 3, 3, 3]
+    for part in (turns[3:7], turns[8:]):  # one rotation over the turns (c's broken turn had taken 3 sets)
+        used = [x for t in part for x in t[1]]
+        assert used == [(used[0] + i) % 5 for i in range(len(used))]
+    one = timing.measure(timing.WallClock(), lambda s: seen.append(("one", s)), sets, runs=4, warmup=2)
+    assert len(one.samples_ms) == 4 and [s for n, s in seen if n == "one"] == [0, 1, 2, 3, 4, 0]  # no lead-in
 
 
 def test_held_stream_retries_a_spin_that_ended_early():
@@ -289,7 +293,7 @@ def test_bench_runs_opencl_and_aten(tiny_suite, tmp_path, capsys):
         # Note [interleaved entries]: the torch-tensor entries took turns; the OpenCL one (its own clock) ran alone
         assert all(c["interleaved_with"] == ["aten"] for c in row["results"]["torch"]["directions"].values())
         assert all("interleaved_with" not in c for c in row["results"]["opencl"]["directions"].values())
-    assert rep["settings"]["interleave_rounds"] == 10 and "timed in turns" in (out / "bench.md").read_text()
+    assert rep["settings"]["interleave_turn_runs"] == 5 and "timed in turns" in (out / "bench.md").read_text()
     assert rep["rows"][1]["results"]["opencl"]["plan"]["algorithm"] == "igemm-transposed"
     assert rep["environment"]["versions"]["torch"] and rep["settings"]["runs"] == 5
     assert "tiny-tconv-cl" in text and "opencl" in text and "floor" in text

@@ -163,9 +163,10 @@ def markdown(report: dict) -> str:
              f"({st['conv_tf32_default']['why']})",
              f"- runs {st['runs']} (at least {st['min_runs']} within {st['budget_s_per_cell']} s per cell), "
              f"warm-up {st['warmup']} calls and {st.get('warmup_s', 0)} s, directions {', '.join(dirs)}, "
-             f"seed {st['seed']}; " + (f"torch-tensor entries timed in turns, {st['interleave_rounds']} rounds "
-                                       "(Note [interleaved entries]), cudnn.benchmark entries after them"
-                                       if st.get("interleave_rounds") else "entries timed one after the other")
+             f"seed {st['seed']}; " + (f"torch-tensor entries timed in turns of {st['interleave_turn_runs']} runs "
+                                       "after one untimed call (Note [interleaved entries]), cudnn.benchmark "
+                                       "entries after them" if st.get("interleave_turn_runs")
+                                       else "entries timed one after the other")
              + ("; **held stream** (Note [held stream]: device time without the host's launch cost; batches whose "
                 f"spin ended early: {st.get('hold_failures', 0)})" if st.get("hold_stream") else ""),
              f"- host load average (1/5/15 min) before {env.get('loadavg_before')}, after {env.get('loadavg')} "

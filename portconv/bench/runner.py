@@ -17,7 +17,7 @@ from .report import summary
 from .suite import DIRECTIONS, MASKS, Row
 
 # ||out - ref|| / ||ref|| allowed against PyTorch's IEEE result in the row's dtype (a flag in the report, no stop)
-INTERLEAVE_ROUNDS = 10  # Note [interleaved entries] (timing.measure_interleaved): turns per entry and direction
+INTERLEAVE_TURN = 5  # Note [interleaved entries] (timing.measure_interleaved): timed runs a turn
 CHECK_LIMITS = {"float64": 1e-10, "float32": 1e-4, "tf32": 5e-3, "float16": 1e-2, "bfloat16": 3e-2}
 
 
@@ -350,7 +350,7 @@ def _time_entries(run: _Run, row: Row, group: list[_Prepared], sets, clock, gpu:
     for d in o.directions:
         members = [(p.calls.get(d), p.context) for p in group]
         with torch.no_grad():
-            ms = timing.measure_interleaved(clock, members, sets, rounds=INTERLEAVE_ROUNDS if len(group) > 1 else 1,
+            ms = timing.measure_interleaved(clock, members, sets, turn_runs=INTERLEAVE_TURN if len(group) > 1 else None,
                                             runs=o.runs, warmup=run.warmup(gpu), min_runs=o.min_runs,
                                             budget_s=o.budget_s, warmup_s=o.warmup_s)
         for p, m in zip(group, ms):
@@ -462,7 +462,7 @@ def _report(r: _Run, opts: Options, started, load_before, poison_was, pk, out_ro
                      "check": opts.check, "check_limits": CHECK_LIMITS, "torch_variants": opts.torch_variants,
                      "conv_tf32_default": {"tf32": r.tf32[0], "why": r.tf32[1]},
                      "poison_was_set": poison_was, "entries": [e.label for e in r.entries],
-                     "interleave_rounds": INTERLEAVE_ROUNDS if opts.interleave else None,
+                     "interleave_turn_runs": INTERLEAVE_TURN if opts.interleave else None,
                      "hold_stream": opts.hold_stream and r.device.type == "cuda",
                      "hold_failures": getattr(r.clock, "hold_failures", 0)},
         "backends": r.avail, "peaks": pk, "rows": out_rows, "summary": summary(out_rows, opts.directions)}

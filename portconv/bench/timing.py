@@ -236,25 +236,28 @@ def measure(clock, call: Callable, sets: Sequence, *, runs: int, warmup: int, mi
     With ``budget_s`` the warm-up is cut to a quarter of the budget and the timed runs to what fits in it, never
     below ``min_runs`` (the report shows the count).
     """
-    (m,) = measure_interleaved(clock, [(call, None)], sets, rounds=1, runs=runs, warmup=warmup, min_runs=min_runs,
-                               budget_s=budget_s, warmup_s=warmup_s)
+    (m,) = measure_interleaved(clock, [(call, None)], sets, turn_runs=None, runs=runs, warmup=warmup,
+                               min_runs=min_runs, budget_s=budget_s, warmup_s=warmup_s)
     if isinstance(m, BaseException):
         raise m
     return m
 
 
-def measure_interleaved(clock, members: Sequence[tuple[Callable, Callable | None]], sets: Sequence, *, rounds: int,
-                        runs: int, warmup: int, min_runs: int = 5, budget_s: float | None = None,
-                        warmup_s: float = 0.0) -> list[Measurement | BaseException]:
+def measure_interleaved(clock, members: Sequence[tuple[Callable, Callable | None]], sets: Sequence, *,
+                        turn_runs: int | None, runs: int, warmup: int, min_runs: int = 5,
+                        budget_s: float | None = None, warmup_s: float = 0.0) -> list[Measurement | BaseException]:
     """measure() for several calls of the same data at once, their timed runs taken in turns.
 
     Note [interleaved entries]: calls timed one after the other are compared across moments: clocks, power state
     and the host's other work drift between them, and identical calls (portconv's aten backend and PyTorch's own
     call, the same cuDNN kernels) measured 0.66x-1.2x of each other in one process (h100-2026-11-24/). Here each
     member (call, context factory or None: entered around each of its turns, e.g. a torch setting) warms up in
-    turn, then ``rounds`` rounds each give every member its next share of its runs, the order rotated by one each
-    round; the buffer sets rotate over the whole sequence, so no turn starts on data the previous one left in the
-    cache. A member whose call raises is dropped from later turns and gets the exception in its place.
+    turn, then takes ``turn_runs`` timed runs a turn, round after round, the order rotated by one each round, until
+    it has its runs; the buffer sets rotate over the whole sequence, so no turn starts on data the previous one left
+    in the cache. A turn opens with one untimed call: a turn starts after the previous one's synchronize, and the
+    lead-in gives the device work to do while the host enqueues the first timed call, as every later call of the turn
+    has. A member whose call raises is dropped from later turns and gets the exception in its place.
+    ``turn_runs`` None: all runs in one turn, no lead-in (measure()).
     """
     import contextlib
 
@@ -277,18 +280,27 @@ def measure_interleaved(clock, members: Sequence[tuple[Callable, Callable | None
             samples[k] = []
         except Exception as e:  # noqa: BLE001 - reported in the member's cell
             out[k] = e
-    for r in range(max(1, rounds)):
+    most = max((w.target for w in warm.values()), default=1)
+    rounds = 1 if turn_runs is None else -(-most // max(1, turn_runs))
+    for r in range(rounds):
         live = [k for k in samples if out[k] is None]
         if not live:
             break
         for k in live[r % len(live):] + live[:r % len(live)]:
-            want = min(warm[k].target - len(samples[k]), -(-warm[k].target // max(1, rounds)))
+            want = min(warm[k].target - len(samples[k]), warm[k].target if turn_runs is None else turn_runs)
             if want <= 0:
                 continue
+            lead = None if turn_runs is None else sets[at % n]
+            at += lead is not None
             args = [sets[(at + j) % n] for j in range(want)]
             at += want
+
+            def timed(call=members[k][0], lead=lead, args=args):
+                if lead is not None:
+                    call(lead)
+                return clock.samples(call, args)
             try:
-                samples[k] += turn(k, lambda k=k, args=args: clock.samples(members[k][0], args))
+                samples[k] += turn(k, timed)
             except Exception as e:  # noqa: BLE001
                 out[k] = e
     for k, w in warm.items():
