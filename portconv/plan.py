@@ -136,9 +136,9 @@ class OwnKernelWin:
     evidence: str  # the measured speed-up and where it is recorded
 
 
-# Output elements from which the row applies: 2-D from the smallest measured row (mbv2-dw3x3-b1, 401,408), 3-D from
-# 2M (only dw3d-3x3x3, 51M, is measured in 3-D)
-OWN_DEPTHWISE_MIN_OUTPUTS = {2: 384 * 1024, 3: 2 * 1024 * 1024}
+# Output elements from which the row applies: 2-D from 1M (mbv2-dw3x3-last, 1,505,280, measured winning per call;
+# mbv2-dw3x3-b1, 401,408, not: Note [own kernel wins]), 3-D from 2M (only dw3d-3x3x3, 51M, is measured in 3-D)
+OWN_DEPTHWISE_MIN_OUTPUTS = {2: 1024 * 1024, 3: 2 * 1024 * 1024}
 
 
 def _large_dense_depthwise_3tap(problem: Problem) -> bool:
@@ -162,14 +162,18 @@ def _large_dense_depthwise_3tap(problem: Problem) -> bool:
 # (mbv2-dw3x3-last 1.16x per call, -b1 0.78x) until replayed launches and the launch-argument change: four H100 runs
 # since (docs/performance/h100-2026-11-22b, its with-opencl/ and small-rows-rerun/) measured -last 1.29x-1.66x and
 # -b1 1.11x-1.55x per call, against 1.04x-1.20x and 0.69x-1.17x for ATen's own call (the aten / auto->aten entries of
-# the same runs), so in 2-D the row now starts at the size of -b1 (3-D keeps 2M: only dw3d-3x3x3 is measured there).
-# Channels-last stays with cuDNN's NHWC kernels (the v3.1
-# kernels measured 0.91x-1.06x there).
+# the same runs), so in 2-D the row started at the size of -b1 (3-D keeps 2M: only dw3d-3x3x3 is measured there).
+# Those runs timed PyTorch through torch.ops.aten.convolution, 11-17 us a call slower than the binding the bench uses
+# since 2026-11-24 (Note [PyTorch's fastest binding]). Measured fairly, with entries in turns
+# (docs/performance/h100-2026-11-24, auto-t5a-d), -b1's own-kernel plan measured 1.32x, 0.98x, 0.87x and 0.81x per call
+# (3.05x in device time): its calls are host-bound and portconv's host path is the slower one half the time. So 2-D
+# starts at 1M outputs: -b1 goes to PyTorch's call, and -last (1.17x-2.5x) stays on portconv's kernels.
+# Channels-last stays with cuDNN's NHWC kernels (the v3.1 kernels measured 0.91x-1.06x there).
 OWN_KERNEL_WINS: tuple[OwnKernelWin, ...] = (
     OwnKernelWin(BackendId.CUDA, ("CudaDepthwise2d", "CudaDepthwise3d"), _large_dense_depthwise_3tap,
-                 "depthwise 3x3 (>= 384K outputs) / 3x3x3 (>= 2M outputs), stride 1 (or 2 in 2-D), NCHW",
-                 "portconv's depthwise kernels measured 1.11x-3.94x PyTorch per call (forward + both gradients) on "
-                 "mbv2-dw3x3, -bf16, -s2, -last, -b1 and dw3d-3x3x3 on an H100 (docs/performance/h100-2026-11-22b, "
+                 "depthwise 3x3 (>= 1M outputs) / 3x3x3 (>= 2M outputs), stride 1 (or 2 in 2-D), NCHW",
+                 "portconv's depthwise kernels measured 1.15x-3.9x PyTorch per call (forward + both gradients) on "
+                 "mbv2-dw3x3, -bf16, -s2, -last and dw3d-3x3x3 on an H100 (docs/performance/h100-2026-11-24, "
                  "notes-depthwise-v3.md)"),
 )
 
