@@ -176,13 +176,15 @@ def _partial(rep: dict, out: str) -> None:
 
 
 def _merge(a) -> int:
+    import gzip
+
     from . import report as _report
     from .report import merge
 
     try:
         reps = []
-        for path in a.merge:
-            with open(path) as f:
+        for path in a.merge:  # the committed reports under docs/performance are gzipped (bench.json.gz)
+            with (gzip.open(path, "rt") if str(path).endswith(".gz") else open(path)) as f:
                 reps.append(json.load(f))
         rep = merge(reps)
     except (OSError, ValueError, KeyError) as e:
