@@ -4,8 +4,8 @@
  * Note [depthwise tile]: for 3 x 3 in-plane filters (axes 1 and 2 of the view: 3 taps, dilation 1, the same
  * stride S = 1 or 2 on both, channel multiplier 1) one thread owns TH output rows (axis 1) by VW outputs (axis 2)
  * of VC channels. Its source rows ((VW - 1) * S + 3 values each) are loaded once per tile instead of three times
- * per output row (the 'rows' kernels of conv_depthwise_rows.cuh): all TH + 2 up front (2-D NCHW, stride 1) or
- * through a rolling 3-row register window (channels-last: PC_DWT_THC = 16 rows per thread; 3-D). Axis 0 (depth
+ * per output row (the 'rows' kernels of conv_depthwise_rows.cuh): all TH + 2 up front (2-D NCHW float32 /
+ * float64, stride 1) or through a rolling 3-row register window (the rest; tile shapes below). Axis 0 (depth
  * of 3-D problems) is a runtime tap loop with any stride, padding and dilation.
  *
  * Channels-last (PC_FLAG_CL) orders the work channel innermost: consecutive threads take consecutive groups of
@@ -24,24 +24,46 @@
  */
 #pragma once
 
-/* Tile shapes (measured on an H100: docs/performance/notes-depthwise-v3.md; cuda.py's dw_tile mirrors them). */
-#ifndef PC_DWT_TH
-#define PC_DWT_TH 4 /* output rows per thread: NCHW ('tilen') and 3-D channels-last */
-#endif
-#ifndef PC_DWT_THC
-#define PC_DWT_THC 16 /* output rows per thread of the 2-D channels-last kernels (rolling window) */
-#endif
-#ifndef PC_DWT_VW
-#define PC_DWT_VW 4 /* outputs per thread along the last spatial axis: 3-D NCHW */
+/* Tile shapes: output rows (TH) x columns (VW) per thread of the fwd / bwd-data kernels, per family; [key] is
+ * cuda.py's DW_TILE entry that mirrors them. Measured on an H100: docs/performance/notes-depthwise-v3.md. */
+#ifndef PC_DWT_THN
+#define PC_DWT_THN 8 /* [nchw] 2-D NCHW ('tilen'), float32 / float64 */
 #endif
 #ifndef PC_DWT_VWN
-#define PC_DWT_VWN 2 /* the same for 2-D NCHW ('tilen' kernels): 4 x 2 tiles measured fastest there */
+#define PC_DWT_VWN 2
+#endif
+#ifndef PC_DWT_THN16
+#define PC_DWT_THN16 8 /* [nchw16] 2-D NCHW in 16-bit types: 4 columns in 32-bit pairs (Note [packed rows]) */
+#endif
+#ifndef PC_DWT_VWN16
+#define PC_DWT_VWN16 4
+#endif
+#ifndef PC_DWT_TH3
+#define PC_DWT_TH3 8 /* [nchw3d] 3-D NCHW ('tilen3d') */
+#endif
+#ifndef PC_DWT_VW3
+#define PC_DWT_VW3 4
+#endif
+#ifndef PC_DWT_THC
+#define PC_DWT_THC 16 /* [cl] 2-D channels-last ('tile'), rolling window */
+#endif
+#ifndef PC_DWT_THC3
+#define PC_DWT_THC3 4 /* [cl3d] 3-D channels-last ('tile3d') */
 #endif
 #ifndef PC_DWT_VWC
-#define PC_DWT_VWC 2 /* the same for channels-last (2-D and 3-D) */
+#define PC_DWT_VWC 2 /* columns of both channels-last families */
 #endif
 #ifndef PC_DWT_PF
-#define PC_DWT_PF 1 /* 2-D NCHW stride 1: all PC_DWT_TH + 2 source rows of a tile loaded up front */
+#define PC_DWT_PF 1 /* [nchw] stride 1: all TH + 2 source rows of a tile loaded up front (else a rolling window) */
+#endif
+#ifndef PC_DWT_PF16
+#define PC_DWT_PF16 0 /* [nchw16] the same: off, the rolling window is faster there (fewer registers) */
+#endif
+#ifndef PC_DWT_PK
+#define PC_DWT_PK 1 /* Note [packed rows] on (experiments: 0) */
+#endif
+#ifndef PC_DWT_LA
+#define PC_DWT_LA 1 /* Note [row lookahead] on (experiments: 0) */
 #endif
 /* Weight gradient (channels-last): rows x columns per unit and whether its X rows roll, per channels per thread:
  * 4 channels (16-bit types): 8 x 2 rolling; fewer: 2 x 4 with every row loaded up front. */
@@ -70,46 +92,96 @@ PC_DEVICE bool pc_dwt_vec_ok(const pc_conv_args &a) {
     return a.x % align == 0 && a.y % align == 0;
 }
 
-/* One window row: r[t][j] = src[base + (b2 + t) * s4 + j] (zero outside [0, E2) or where !ok). */
-template <int VC, int WIN>
+/* Note [packed rows]: 2-D NCHW in a 16-bit type loads and stores its rows as aligned 32-bit pairs (two elements
+ * per access) instead of one element per access: the last axis is unit-stride on both sides, every other stride
+ * of X, Y and dY is even and the bases are 4-byte aligned, so the pair (2k, 2k + 1) of any row is one aligned
+ * access. A window row starts at b2 = d2s * S - P2 (d2s a multiple of the even VW), so its parity is P2's: uniform
+ * over the launch and a template argument (PK = 1 even, 2 odd). Pairs that cross the row's ends load element-wise.
+ * Measured in docs/performance/notes-depthwise-v3.md "v5". */
+PC_DEVICE bool pc_dwt_pk_ok(const pc_conv_args &a) {
+    bool ok = sizeof(pc_t) == 2 && a.xs[4] == 1 && a.ys[4] == 1 && a.x % 4 == 0 && a.y % 4 == 0;
+    for (int i = 0; i < 4; ++i) ok = ok && a.xs[i] % 2 == 0 && a.ys[i] % 2 == 0;
+    return ok;
+}
+
+/* Note [row lookahead]: the rolling window loads the source rows of tile row t just before its FMAs use them, so
+ * each row's loads wait out a full memory latency (ncu on the bf16 NCHW forward: half the stall cycles were L1TEX
+ * scoreboard waits at 40% occupancy). With PC_DWT_LA the S new rows of tile row t + 1 are loaded into S extra
+ * window rows before row t's FMAs, so their latency overlaps row t's arithmetic; the roll then shifts by S over 3
+ * rows. S * WIN * VC more registers than the plain window, far fewer than loading all TH + 2 rows up front (PF).
+ * Measured on an H100 (docs/performance/notes-depthwise-v3.md "v5"): bf16 channels-last forward 6% and
+ * backward-data 3% faster, float32 NCHW stride-2 forward 3%, 3-D NCHW forward 5% (backward-data 2% slower), the
+ * bf16 NCHW forward unchanged (its loads were already scheduled early: same time, same 64 registers). */
+
+/* One window row through pairs (Note [packed rows]): r[t] = src[base + b2 + t], zero outside [0, E2) or where !ok;
+ * base is even and b2 & 1 == PK - 1. */
+template <int WIN, int PK>
+PC_DEVICE void pc_dwt_row_pk(pc_acc_t (&r)[WIN][1], const pc_t *PC_RESTRICT src, pc_idx base, bool ok, pc_idx b2,
+                             pc_idx E2) {
+    constexpr int OFF = PK - 1, NP = (WIN + OFF + 1) / 2;
+    const pc_idx a0 = b2 - OFF;
+    pc_acc_t tmp[2 * NP];
+#pragma unroll
+    for (int k = 0; k < NP; ++k) {
+        const pc_idx i = a0 + 2 * k;
+        if (ok && i >= 0 && i + 1 < E2) {
+            const pc_vec<pc_t, 2> v = pc_ld_vec((const pc_vec<pc_t, 2> *)(src + base + i));
+            tmp[2 * k] = (pc_acc_t)pc_ld(v.v, 0);
+            tmp[2 * k + 1] = (pc_acc_t)pc_ld(v.v, 1);
+        } else {
+            tmp[2 * k] = ok && i >= 0 && i < E2 ? (pc_acc_t)pc_ld(src, base + i) : (pc_acc_t)0;
+            tmp[2 * k + 1] = ok && i + 1 >= 0 && i + 1 < E2 ? (pc_acc_t)pc_ld(src, base + i + 1) : (pc_acc_t)0;
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < WIN; ++t) r[t][0] = tmp[t + OFF];
+}
+
+/* One window row: r[t][j] = src[base + (b2 + t) * s4 + j] (zero outside [0, E2) or where !ok); PK: Note
+ * [packed rows]. */
+template <int VC, int WIN, int PK = 0>
 PC_DEVICE void pc_dwt_row(pc_acc_t (&r)[WIN][VC], const pc_t *PC_RESTRICT src, pc_idx base, bool ok, pc_idx b2,
                           pc_idx E2, pc_idx s4) {
+    if constexpr (PK != 0) { /* Note [packed rows]: s4 == 1, VC == 1 */
+        pc_dwt_row_pk<WIN, PK>(r, src, base, ok, b2, E2);
+    } else {
 #pragma unroll
-    for (int t = 0; t < WIN; ++t) {
-        const pc_idx i2 = b2 + t;
-        if (ok && i2 >= 0 && i2 < E2) {
-            if (VC > 1) {
-                const pc_vec<pc_t, VC> v = pc_ld_vec((const pc_vec<pc_t, VC> *)(src + base + i2 * s4));
+        for (int t = 0; t < WIN; ++t) {
+            const pc_idx i2 = b2 + t;
+            if (ok && i2 >= 0 && i2 < E2) {
+                if (VC > 1) {
+                    const pc_vec<pc_t, VC> v = pc_ld_vec((const pc_vec<pc_t, VC> *)(src + base + i2 * s4));
 #pragma unroll
-                for (int j = 0; j < VC; ++j) r[t][j] = (pc_acc_t)pc_ld(v.v, j);
+                    for (int j = 0; j < VC; ++j) r[t][j] = (pc_acc_t)pc_ld(v.v, j);
+                } else {
+                    r[t][0] = (pc_acc_t)pc_ld(src, base + i2 * s4);
+                }
             } else {
-                r[t][0] = (pc_acc_t)pc_ld(src, base + i2 * s4);
-            }
-        } else {
 #pragma unroll
-            for (int j = 0; j < VC; ++j) r[t][j] = 0;
+                for (int j = 0; j < VC; ++j) r[t][j] = 0;
+            }
         }
     }
 }
 
 /* Rolling window, before tile row t: row[3 - S .. 2] <- source rows b1 + S * t + (3 - S .. 2) (the first 3 - S
- * rows are loaded before the walk, with t = 0 and q from 0). */
-template <int S, int VC, int NR, int WIN>
+ * rows are loaded before the walk, with t = 0 and q from 0). LA (Note [row lookahead]): into row[3 .. 2 + S]. */
+template <int S, int PK = 0, bool LA = false, int VC, int NR, int WIN>
 PC_DEVICE void pc_dwt_roll_in(pc_acc_t (&row)[NR][WIN][VC], int q0, const pc_t *PC_RESTRICT src, pc_idx rb,
                               pc_idx b1, int t, pc_idx E1, pc_idx ss3, pc_idx b2, pc_idx E2, pc_idx ss4) {
 #pragma unroll
     for (int q = 0; q < 3; ++q) {
         if (q < q0) continue;
         const pc_idx i1 = b1 + S * t + q;
-        pc_dwt_row<VC, WIN>(row[q], src, rb + i1 * ss3, i1 >= 0 && i1 < E1, b2, E2, ss4);
+        pc_dwt_row<VC, WIN, PK>(row[LA ? q + S : q], src, rb + i1 * ss3, i1 >= 0 && i1 < E1, b2, E2, ss4);
     }
 }
 
-/* Rolling window, after a tile row: row[0 .. 2 - S] <- row[S .. 2]. */
-template <int S, int VC, int NR, int WIN>
+/* Rolling window, after a tile row: row[0 .. 2 - S] <- row[S .. 2]; LA: row[0 .. 2] <- row[S .. 2 + S]. */
+template <int S, bool LA = false, int VC, int NR, int WIN>
 PC_DEVICE void pc_dwt_roll_on(pc_acc_t (&row)[NR][WIN][VC]) {
 #pragma unroll
-    for (int q = 0; q < 3 - S; ++q)
+    for (int q = 0; q < (LA ? 3 : 3 - S); ++q)
 #pragma unroll
         for (int u = 0; u < WIN; ++u)
 #pragma unroll
@@ -130,20 +202,35 @@ PC_DEVICE void pc_dwt_wacc(pc_acc_t (&acc)[TAPS][VC], int r0, const pc_acc_t (&g
                 for (int j = 0; j < VC; ++j) acc[(r0 * 3 + r1) * 3 + r2][j] += g[v][j] * row[rr + r1][v * S + r2][j];
 }
 
-/* Store one output row of a tile (VW positions of VC channels, bias added; positions past D2 skipped). */
-template <int VC, int VW>
+/* Store one output row of a tile (VW positions of VC channels, bias added; positions past D2 skipped). PK: in
+ * aligned pairs along the row (Note [packed rows]: VC == 1, ds4 == 1, o even). */
+template <int VC, int VW, int PK = 0>
 PC_DEVICE void pc_dwt_store(pc_t *PC_RESTRICT dst, pc_idx o, pc_idx ds4, pc_idx left, const pc_acc_t (&acc)[VW][VC],
                             const pc_acc_t (&bias)[VC]) {
+    if constexpr (PK != 0) {
 #pragma unroll
-    for (int v = 0; v < VW; ++v) {
-        if (v >= left) break;
-        if (VC > 1) {
-            pc_vec<pc_t, VC> out;
+        for (int v = 0; v < VW; v += 2) {
+            if (v + 1 < left) {
+                pc_vec<pc_t, 2> out;
+                pc_st(out.v, 0, acc[v][0] + bias[0]);
+                pc_st(out.v, 1, acc[v + 1][0] + bias[0]);
+                pc_st_vec((pc_vec<pc_t, 2> *)(dst + o + v), out);
+            } else if (v < left) {
+                pc_st(dst, o + v, acc[v][0] + bias[0]);
+            }
+        }
+    } else {
 #pragma unroll
-            for (int j = 0; j < VC; ++j) pc_st(out.v, j, acc[v][j] + bias[j]);
-            pc_st_vec((pc_vec<pc_t, VC> *)(dst + o + v * ds4), out);
-        } else {
-            pc_st(dst, o + v * ds4, acc[v][0] + bias[0]);
+        for (int v = 0; v < VW; ++v) {
+            if (v >= left) break;
+            if (VC > 1) {
+                pc_vec<pc_t, VC> out;
+#pragma unroll
+                for (int j = 0; j < VC; ++j) pc_st(out.v, j, acc[v][j] + bias[j]);
+                pc_st_vec((pc_vec<pc_t, VC> *)(dst + o + v * ds4), out);
+            } else {
+                pc_st(dst, o + v * ds4, acc[v][0] + bias[0]);
+            }
         }
     }
 }
@@ -151,7 +238,7 @@ PC_DEVICE void pc_dwt_store(pc_t *PC_RESTRICT dst, pc_idx o, pc_idx ds4, pc_idx 
 /* Forward (BWD false: X -> Y, stride S) or stride-1 backward-data (BWD true: dY -> dX, flipped filter).
  * ONE0: the view has one tap on axis 0 (2-D and 1-D problems): each tile row is stored as soon as it is done,
  * so only one row of accumulators is live; else every tile row accumulates over the axis-0 taps first. */
-template <int S, bool BWD, int VC, bool ONE0, int VW, int TH, bool PF>
+template <int S, bool BWD, int VC, bool ONE0, int VW, int TH, bool PF, int PK = 0>
 PC_DEVICE void pc_dwt_conv(const pc_conv_args &a) {
     constexpr int WIN = (VW - 1) * S + 3, TA = ONE0 ? 1 : TH;
     const pc_t *PC_RESTRICT src = (const pc_t *)(BWD ? a.y : a.x);
@@ -211,18 +298,21 @@ PC_DEVICE void pc_dwt_conv(const pc_conv_args &a) {
                                                                (BWD ? 2 - r2 : r2) * ws4);
             const pc_idx rb = n * ss0 + c * ss1 + i0 * ss2;
             /* PF: all TH + 2 source rows are loaded up front (every load of the tile in flight at once); else a
-             * rolling window: before tile row t, row[0 .. 2-S] hold source rows b1 + S*t + 0 .. 2-S */
-            constexpr int NR = PF ? TH + 2 : 3;
+             * rolling window: before tile row t, row[0 .. 2-S] hold source rows b1 + S*t + 0 .. 2-S; LA: Note
+             * [row lookahead] */
+            constexpr bool LA = !PF && PC_DWT_LA;
+            constexpr int NR = PF ? TH + 2 : LA ? 3 + S : 3;
             pc_acc_t row[NR][WIN][VC];
 #pragma unroll
             for (int q = 0; q < (PF ? NR : 0); ++q) {
                 const pc_idx i1 = b1 + q;
-                pc_dwt_row<VC, WIN>(row[q], src, rb + i1 * ss3, i1 >= 0 && i1 < E1, b2, E2, ss4);
+                pc_dwt_row<VC, WIN, PK>(row[q], src, rb + i1 * ss3, i1 >= 0 && i1 < E1, b2, E2, ss4);
             }
-            if (!PF) pc_dwt_roll_in<S>(row, 0, src, rb, b1, 0, E1, ss3, b2, E2, ss4);
+            if (!PF) pc_dwt_roll_in<S, PK>(row, 0, src, rb, b1, 0, E1, ss3, b2, E2, ss4);
 #pragma unroll
             for (int t = 0; t < TH; ++t) {
-                if (!PF && t > 0) pc_dwt_roll_in<S>(row, 3 - S, src, rb, b1, t, E1, ss3, b2, E2, ss4);
+                if (!PF && !LA && t > 0) pc_dwt_roll_in<S, PK>(row, 3 - S, src, rb, b1, t, E1, ss3, b2, E2, ss4);
+                if (LA && t + 1 < TH) pc_dwt_roll_in<S, PK, true>(row, 3 - S, src, rb, b1, t + 1, E1, ss3, b2, E2, ss4);
                 const int ta = ONE0 ? 0 : t, rr = PF ? t : 0;
 #pragma unroll
                 for (int r1 = 0; r1 < 3; ++r1)
@@ -234,21 +324,22 @@ PC_DEVICE void pc_dwt_conv(const pc_conv_args &a) {
                             for (int j = 0; j < VC; ++j)
                                 acc[ta][v][j] += row[rr + r1][v * S + r2][j] * wv[r1][r2][j];
                 if (ONE0) {
-                    if (d1s + t < D1) pc_dwt_store<VC, VW>(dst, db + (d1s + t) * ds3 + d2s * ds4, ds4, D2 - d2s,
-                                                            acc[0], bias);
+                    if (d1s + t < D1)
+                        pc_dwt_store<VC, VW, PK>(dst, db + (d1s + t) * ds3 + d2s * ds4, ds4, D2 - d2s, acc[0], bias);
 #pragma unroll
                     for (int v = 0; v < VW; ++v)
 #pragma unroll
                         for (int j = 0; j < VC; ++j) acc[0][v][j] = 0;
                 }
-                if (!PF) pc_dwt_roll_on<S>(row);
+                if (!PF) pc_dwt_roll_on<S, LA>(row);
             }
         }
         if (!ONE0 || !any) { /* ONE0 with its one tap outside the input: the tile is bias only */
 #pragma unroll
             for (int t = 0; t < TH; ++t)
                 if (d1s + t < D1)
-                    pc_dwt_store<VC, VW>(dst, db + (d1s + t) * ds3 + d2s * ds4, ds4, D2 - d2s, acc[ONE0 ? 0 : t], bias);
+                    pc_dwt_store<VC, VW, PK>(dst, db + (d1s + t) * ds3 + d2s * ds4, ds4, D2 - d2s, acc[ONE0 ? 0 : t],
+                                             bias);
         }
     }
 }
@@ -257,11 +348,14 @@ PC_DEVICE void pc_dwt_conv(const pc_conv_args &a) {
 template <int S, bool BWD, bool ONE0, bool CLV>
 PC_DEVICE void pc_dwt_conv_any(const pc_conv_args &a) {
     constexpr int VC = PC_DWT_VC;
-    constexpr int VW = CLV ? PC_DWT_VWC : ONE0 ? PC_DWT_VWN : PC_DWT_VW;
-    constexpr int TH = CLV && ONE0 ? PC_DWT_THC : PC_DWT_TH;
-    constexpr bool PF = !CLV && ONE0 && S == 1 && PC_DWT_PF; /* channels-last rolls its window */
+    constexpr bool N16 = !CLV && ONE0 && sizeof(pc_t) == 2; /* Note [packed rows] */
+    constexpr int VW = CLV ? PC_DWT_VWC : !ONE0 ? PC_DWT_VW3 : N16 ? PC_DWT_VWN16 : PC_DWT_VWN;
+    constexpr int TH = CLV ? (ONE0 ? PC_DWT_THC : PC_DWT_THC3) : !ONE0 ? PC_DWT_TH3 : N16 ? PC_DWT_THN16 : PC_DWT_THN;
+    constexpr bool PF = !CLV && ONE0 && S == 1 && (N16 ? PC_DWT_PF16 : PC_DWT_PF); /* channels-last rolls its window */
     if (CLV && VC > 1 && pc_dwt_vec_ok<VC>(a))
         pc_dwt_conv<S, BWD, (CLV ? VC : 1), ONE0, VW, TH, PF>(a);
+    else if (N16 && VW % 2 == 0 && PC_DWT_PK && pc_dwt_pk_ok(a)) /* b2's parity is P2's (stride-1 bwd: 2 - P2) */
+        (a.P[2] & 1) ? pc_dwt_conv<S, BWD, 1, ONE0, VW, TH, PF, 2>(a) : pc_dwt_conv<S, BWD, 1, ONE0, VW, TH, PF, 1>(a);
     else
         pc_dwt_conv<S, BWD, 1, ONE0, VW, TH, PF>(a);
 }

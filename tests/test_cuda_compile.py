@@ -146,7 +146,7 @@ class EmuCase:
     groups: int = 1
     transposed: bool = False
     output_padding: int = 0
-    layout: str = "contig"  # contig, chlast, strided
+    layout: str = "contig"  # contig, chlast, strided, rowpad (rows one element longer than the view)
 
 
 EMU_CASES = [
@@ -185,6 +185,8 @@ def _data(case: EmuCase, dtype):
         x = x.contiguous(memory_format=fmt)
     elif case.layout == "strided":
         x = torch.randn(shape[:-1] + (shape[-1] * 2,), generator=g, dtype=torch.float64)[..., ::2]
+    elif case.layout == "rowpad":  # sliced after the conversion, which would make a non-dense view contiguous
+        x = torch.randn(shape[:-1] + (shape[-1] + 1,), generator=g, dtype=torch.float64).to(dtype)[..., :-1]
     return x.to(dtype), w.to(dtype), b.to(dtype)
 
 
@@ -270,8 +272,28 @@ DW3_CASES = [
     EmuCase(2, 1, 4, 4, 11, 3, stride=2, padding=0, groups=4),  # rows3s2 (P even), NCHW tile s2 under 'all'
     EmuCase(2, 1, 2, 2, 9, 3, stride=2, padding=2, groups=2, layout="strided"),  # rows3s2, P = 2
     EmuCase(3, 1, 4, 4, 6, 3, padding=1, groups=4, layout="chlast"),  # tile 3-D (R0 = 3)
+    # Note [packed rows] (2-D NCHW, 16-bit: 32-bit pairs along W where every stride is even)
+    EmuCase(2, 2, 4, 4, 10, 3, padding=1, groups=4),  # odd P (window starts odd), last strip 2 of 4 columns
+    EmuCase(2, 1, 3, 3, 12, 3, padding=2, groups=3),  # even P, 14 output columns
+    EmuCase(2, 1, 4, 4, 9, 3, stride=2, padding=0, groups=4, layout="rowpad"),  # 9 of 10: a pair crosses the end
+    EmuCase(2, 1, 2, 2, 10, 3, stride=2, padding=1, groups=2),  # 5 output columns: Y's rows odd, scalar fallback
     EmuCase(3, 1, 2, 2, 7, 3, stride=2, padding=1, groups=2, layout="chlast"),  # tile 3-D, stride 2
+    EmuCase(3, 1, 3, 3, 10, 3, padding=1, groups=3),  # NCHW 3-D under 'all': 10 rows, a part-filled 8-row tile
+    EmuCase(2, 2, 2, 2, 5, 3, padding=1, groups=2),  # NCHW 2-D under 'all': 5 rows, fewer than a tile's 8
 ]
+
+
+def test_depthwise_tile_shapes_match_the_header():
+    """cuda.DW_TILE sizes the tile kernels' grids and names their shape in plan reasons: it must say what
+    cuda/conv_depthwise_tile.cuh compiles by default, family by family."""
+    src = (CUDA_DIR / "conv_depthwise_tile.cuh").read_text()
+    d = {k: int(v) for k, v in re.findall(r"#define (PC_DWT_\w+) (\d+)", src)}
+    fam = {"nchw": ("THN", "VWN"), "nchw16": ("THN16", "VWN16"), "nchw3d": ("TH3", "VW3"), "cl": ("THC", "VWC"),
+           "cl3d": ("THC3", "VWC")}
+    assert cuda.DW_TILE == {k: (d["PC_DWT_" + th], d["PC_DWT_" + vw]) for k, (th, vw) in fam.items()}
+    assert [cuda.dw_tile_key(cl, r, dt) for cl, r, dt in [(False, 2, "float32"), (False, 2, "bfloat16"),
+            (False, 3, "float16"), (True, 2, "float16"), (True, 3, "float32"), (False, 1, "float64")]] == [
+            "nchw", "nchw16", "nchw3d", "cl", "cl3d", "nchw"]
 
 
 @pytest.mark.parametrize("tile", ["cl", "all"])
@@ -281,6 +303,10 @@ def test_depthwise_v3_bodies_on_cpu(emu_backend, case, tile, monkeypatch):
     """The depthwise v3 kernels (tile, stride-2 backward-data) in every dtype against aten in float64."""
     monkeypatch.setenv("PORTCONV_POISON", "1")
     monkeypatch.setenv(cuda.DW_TILE_ENV, tile)
+    _depthwise_all_dtypes(emu_backend, case)
+
+
+def _depthwise_all_dtypes(emu_backend, case):
     for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16):
         x, w, b, problem, choice, go, ref = _setup(emu_backend, case, dtype)
         assert choice.algorithm == "depthwise"
@@ -288,6 +314,25 @@ def test_depthwise_v3_bodies_on_cpu(emu_backend, case, tile, monkeypatch):
         y = emu_backend.forward(plan, x, w, b)
         got = (y, *emu_backend.backward(plan, go, x, w, (True, True, True)))
         _check(got, ref, dtype, f"depthwise ({choice.reason})")
+
+
+@pytest.mark.parametrize("extra", [{"PC_DWT_LA": 0}, {"PC_DWT_PF": 0, "PC_DWT_PF16": 1}, {"PC_DWT_PK": 0}],
+                         ids=["no-lookahead", "pf-swapped", "unpacked"])
+def test_depthwise_tile_switches_on_cpu(emu_backend, extra, monkeypatch):
+    """The tile kernels' compile-time switches that keep the tile shape (Note [row lookahead] off, prefetch or
+    rolling window per dtype class swapped, Note [packed rows] off) stay correct: every DW3 case, tiles everywhere,
+    every dtype. The defaults run in test_depthwise_v3_bodies_on_cpu."""
+    init = cuda._Run.__init__
+
+    def with_defines(self, *args, **kw):
+        init(self, *args, **kw)
+        self.defines = {**self.defines, **extra}
+
+    monkeypatch.setattr(cuda._Run, "__init__", with_defines)
+    monkeypatch.setenv("PORTCONV_POISON", "1")
+    monkeypatch.setenv(cuda.DW_TILE_ENV, "all")
+    for case in DW3_CASES:
+        _depthwise_all_dtypes(emu_backend, case)
 
 
 def test_depthwise_v3_selection(monkeypatch):

@@ -36,9 +36,10 @@ TC_V6_ENV = "PORTCONV_CUDA_IGEMM_TC_V6"  # "1": v6 (TF32 without Note [TF32 ldma
 THREADS = 256
 DW_TAPS = 9  # PC_DW_TAPS of cuda/conv_depthwise.cuh
 DW_V = 4  # PC_DW_V of cuda/conv_depthwise_rows.cuh: outputs per thread along the last spatial axis
-# Output rows x columns per thread of the fwd/bwd-data tile kernels of cuda/conv_depthwise_tile.cuh (its PC_DWT_TH,
-# _THC, _VW, _VWN, _VWC): 'tilen_s*' (2-D NCHW), 'tilen3d_s*', 'tile_s*' (2-D channels-last), 'tile3d_s*'
-DW_TILE = {"nchw": (4, 2), "nchw3d": (4, 4), "cl": (16, 2), "cl3d": (4, 2)}
+# Output rows x columns per thread of the fwd/bwd-data tile kernels of cuda/conv_depthwise_tile.cuh, per family (its
+# PC_DWT_THN/VWN, _THN16/VWN16, _TH3/VW3, _THC/VWC, _THC3/VWC): 'tilen_s*' (2-D NCHW; 'nchw16' in 16-bit types, Note
+# [packed rows]), 'tilen3d_s*', 'tile_s*' (2-D channels-last), 'tile3d_s*'
+DW_TILE = {"nchw": (8, 2), "nchw16": (8, 4), "nchw3d": (8, 4), "cl": (16, 2), "cl3d": (4, 2)}
 DW_TILE_VC = {"float32": 2, "float16": 4, "bfloat16": 4, "float64": 1}  # PC_DWT_VC: channels per thread (CL)
 # where the tile fwd/bwd_data kernels run: "auto" (default: channels-last, and NCHW with >= 16 rows and enough
 # tiles to fill the GPU, DW_TILE_MIN_WORK), "cl" (channels-last only) or "all"
@@ -157,8 +158,8 @@ def choose_for(problem: Problem, device: DeviceInfo, kernel_set: str = "CUDA", t
         names = ", ".join(f"{d} {ks[d]}" for d in ("fwd", "bwd_data", "bwd_weight"))
         return Choice("depthwise", fmt, f"depthwise (groups = C_in = {p.groups}, channel multiplier {m}): per-channel "
                       f"kernels without a channel loop [{names}] ('rows*': {DW_V} outputs per thread, "
-                      f"Note [depthwise rows]; 'tile*': {tile_shape(fmt != 'contiguous', p.rank)} tiles per thread, "
-                      f"Note [depthwise tile]; "
+                      f"Note [depthwise rows]; 'tile*': {tile_shape(fmt != 'contiguous', p.rank, dt)} tiles per "
+                      f"thread, Note [depthwise tile]; "
                       f"plain: one output per thread, {DW_TAPS} weight-gradient taps per block){idx}", math)
     dims = igemm_dims(problem)
     cg, kg = dims["bwd_data"][1], dims["fwd"][1]
@@ -223,9 +224,16 @@ def depthwise_kernels(view: ConvView, cl: bool = False) -> dict[str, str]:
     return {"fwd": fwd, "bwd_data": bwd_data, "bwd_weight": bwd_weight}
 
 
-def tile_shape(cl: bool, rank: int) -> str:
-    """'rows x columns' of the depthwise fwd/bwd-data tile kernels for a layout and spatial rank (plan reasons)."""
-    th, vw = DW_TILE[("cl" if cl else "nchw") + ("3d" if rank == 3 else "")]
+def dw_tile_key(cl: bool, rank: int, dtype: str) -> str:
+    """The DW_TILE entry of the fwd/bwd-data tile kernels for a layout, spatial rank and dtype."""
+    if cl:
+        return "cl3d" if rank == 3 else "cl"
+    return "nchw3d" if rank == 3 else "nchw16" if dtype in ("float16", "bfloat16") else "nchw"
+
+
+def tile_shape(cl: bool, rank: int, dtype: str) -> str:
+    """'rows x columns' of the depthwise fwd/bwd-data tile kernels for a layout, spatial rank and dtype (reasons)."""
+    th, vw = DW_TILE[dw_tile_key(cl, rank, dtype)]
     return f"{th}x{vw}"
 
 
@@ -234,7 +242,7 @@ def depthwise_work(view: ConvView, direction: str, kernel: str, cl: bool, dtype:
     ext, ch = (view.Y, view.K) if direction == "fwd" else (view.X, view.C)
     if kernel.startswith("tile"):
         vc = DW_TILE_VC[dtype] if cl and ch % DW_TILE_VC[dtype] == 0 else 1
-        th, vw = DW_TILE[("nchw" if kernel.startswith("tilen") else "cl") + ("3d" if "3d" in kernel else "")]
+        th, vw = DW_TILE[dw_tile_key(not kernel.startswith("tilen"), 3 if "3d" in kernel else 2, dtype)]
         return view.N * ext[0] * -(-ext[1] // th) * -(-ext[2] // vw) * (ch // vc)
     return view.N * ext[0] * ext[1] * -(-ext[2] // DW_V) * ch
 

@@ -145,9 +145,13 @@ def check_full(d, be, plan, x, w, go, conv, args):
 
 VARIANTS = {"v1": ("v1", "cl"), "v2": ("v2", "cl"), "v3": ("v3", "auto"), "v3cl": ("v3", "cl"), "v3all": ("v3", "all")}
 HALF = ("float16", "bfloat16")
-KNOBS = {  # variant key: (-D define, the cuda.DW_TILE entry and index the host sizes grids from, 16-bit only)
-    "th": ("PC_DWT_TH", "nchw.0", False), "thc": ("PC_DWT_THC", "cl.0", False), "vwc": ("PC_DWT_VWC", "cl.1", False),
-    "vwn": ("PC_DWT_VWN", "nchw.1", False), "pf": ("PC_DWT_PF", None, False), "vc": ("PC_DWT_VC", None, True)}
+KNOBS = {  # variant key: (-D define, the cuda.DW_TILE entries.index the host sizes grids from, 16-bit only)
+    "thn": ("PC_DWT_THN", "nchw.0", False), "vwn": ("PC_DWT_VWN", "nchw.1", False), "pf": ("PC_DWT_PF", None, False),
+    "thn16": ("PC_DWT_THN16", "nchw16.0", True), "vwn16": ("PC_DWT_VWN16", "nchw16.1", True),
+    "pf16": ("PC_DWT_PF16", None, True), "pk": ("PC_DWT_PK", None, True), "vc": ("PC_DWT_VC", None, True),
+    "th3": ("PC_DWT_TH3", "nchw3d.0", False), "vw3": ("PC_DWT_VW3", "nchw3d.1", False),
+    "thc": ("PC_DWT_THC", "cl.0", False), "thc3": ("PC_DWT_THC3", "cl3d.0", False),
+    "vwc": ("PC_DWT_VWC", "cl.1+cl3d.1", False), "la": ("PC_DWT_LA", None, False)}
 SAVED = {k: dict(getattr(cuda, k)) for k in ("DW_TILE", "DW_TILE_VC")}
 EXTRA: dict = {}  # (define, value, 16-bit only) of the variant
 _init = cuda._Run.__init__
@@ -165,9 +169,9 @@ cuda._Run.__init__ = _init_with_tile
 
 
 def set_variant(var: str) -> None:
-    """'v3' etc., or 'v3@key=value,...' for the tile kernels compiled with other -D defines (KNOBS: th, thc, vwc,
-    vwn, pf; vc for 16-bit dtypes only), the host's grid sizes set to match (grids only size grid-stride loops; the
-    weight gradient splits its units itself)."""
+    """'v3' etc., or 'v3@key=value,...' for the tile kernels compiled with other -D defines (KNOBS: thn, vwn, pf,
+    th3, vw3, thc, thc3, vwc, la; thn16, vwn16, pf16, pk, vc for 16-bit dtypes only), the host's grid sizes set to
+    match (grids only size grid-stride loops; the weight gradient splits its units itself)."""
     name, _, shape = var.partition("@")
     os.environ[cuda.DW_ENV], os.environ[cuda.DW_TILE_ENV] = VARIANTS[name]
     EXTRA.clear()
@@ -180,10 +184,11 @@ def set_variant(var: str) -> None:
         if key == "vc":
             cuda.DW_TILE_VC.update({h: int(val) for h in HALF})
         elif mirror:
-            entry, i = mirror.split(".")
-            t = list(cuda.DW_TILE[entry])
-            t[int(i)] = int(val)
-            cuda.DW_TILE[entry] = tuple(t)
+            for m in mirror.split("+"):
+                entry, i = m.split(".")
+                t = list(cuda.DW_TILE[entry])
+                t[int(i)] = int(val)
+                cuda.DW_TILE[entry] = tuple(t)
 
 
 def copy_bandwidth() -> float:

@@ -1,0 +1,58 @@
+#!/bin/bash
+# Device calls for the depthwise tile shapes (Note [depthwise tile], Note [packed rows];
+# docs/performance/notes-depthwise-v3.md "v5"). Run from the repository root with $OUT set; everything lands in
+# $OUT/dw-tiles.tgz, packed again after every step so a call cut short keeps what it has.
+#   bash scripts/gpu/dw_tiles.sh sweep16   tile-shape and switch sweeps (scripts/gpu/depthwise_bench.py KNOBS) of
+#                                          mbv2-dw3x3-bf16 and -bf16-cl
+#   bash scripts/gpu/dw_tiles.sh sweep32   the same for the float32 2-D rows and dw3d-3x3x3, then ncu on the bf16
+#                                          NCHW forward
+#   bash scripts/gpu/dw_tiles.sh conform   the depthwise conformance (scripts/gpu/depthwise_device.sh: cuda, cuda
+#                                          with the tiles everywhere, HIP-on-NVIDIA x 4 dtypes), then every
+#                                          depthwise row at the defaults (depthwise_bench.py)
+#   bash scripts/gpu/dw_tiles.sh bench     `portconv bench` on the depthwise rows, per call and --hold-stream
+# Variant lists: V16A, V16B, V16C, V32, V3D (';'-separated, as DW_VARIANTS with DW_SEP=';').
+set -u
+R=$OUT/dw-tiles; mkdir -p $R
+pack() { tar czf $OUT/dw-tiles.tgz -C $OUT dw-tiles; }
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+python3 -c "import torch, cupy; print('torch', torch.__version__, 'cudnn', torch.backends.cudnn.version(), \
+'cupy', cupy.__version__)" | tee $R/versions.txt
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a $R/versions.txt
+sweep() {  # name, rows, variants, runs, seconds
+    mkdir -p $R/$1
+    DW_CONFORM=0 DW_RUNS=$4 DW_SEP=';' DW_ROWS=$2 DW_VARIANTS="$3" timeout $5 python3 scripts/gpu/depthwise_bench.py \
+        $R/$1 > $R/$1/log.txt 2>&1
+    cat $R/$1/depthwise.md 2>/dev/null || tail -5 $R/$1/log.txt; pack
+}
+case $1 in
+sweep16)  # three variants a process: each variant compiles depthwise.cu anew (NVRTC), about 15 s in 16-bit types
+    sweep bf16a mbv2-dw3x3-bf16 "${V16A:-v3;v3@la=1;v3@thn16=4,la=1}" 60 120
+    sweep bf16b mbv2-dw3x3-bf16 "${V16B:-v3@thn16=16,la=1;v3@vwn16=8,la=1;v3@pf16=1}" 60 120
+    sweep bf16cl mbv2-dw3x3-bf16-cl "${V16C:-v3;v3@la=1;v3@thc=8,la=1}" 60 120
+    ;;
+sweep32)
+    sweep f32 mbv2-dw3x3,mbv2-dw3x3-s2 "${V32:-v3;v3@la=1;v3@pf=0,la=1;v3@thn=4,la=1}" 60 150
+    sweep dw3d dw3d-3x3x3 "${V3D:-v3;v3@la=1;v3@th3=4,la=1}" 40 130
+    for v in "v3@la=1" v3; do
+        DW_VARIANT=$v timeout 40 ncu --clock-control none -k regex:tilen_s1 --section SpeedOfLight --section Occupancy \
+            --section LaunchStats --section WarpStateStats python3 scripts/gpu/dw_ncu.py mbv2-dw3x3-bf16 \
+            > "$R/ncu-bf16-${v//[@,=]/_}.txt" 2>&1
+        grep -E "Duration|Registers Per|Achieved Occupancy|Compute \(SM\)" "$R/ncu-bf16-${v//[@,=]/_}.txt" | head -12
+    done
+    pack ;;
+conform)
+    OUT=$R CONF_S=${CONF_S:-150} BENCH_S=1 bash scripts/gpu/depthwise_device.sh > $R/conformance-summary.txt 2>&1
+    tail -16 $R/conformance-summary.txt; pack
+    unset PORTCONV_POISON
+    mkdir -p $R/rows
+    DW_CONFORM=0 DW_RUNS=60 DW_VARIANTS=v3 timeout 110 python3 scripts/gpu/depthwise_bench.py $R/rows > $R/rows/log.txt 2>&1
+    tail -26 $R/rows/log.txt; pack ;;
+bench)
+    ROWS='mbv2-dw3x3,mbv2-dw3x3-bf16,mbv2-dw3x3-bf16-cl,mbv2-dw3x3-s2,mbv2-dw3x3-last,mbv2-dw3x3-b1,dw3d-3x3x3'
+    for m in call held; do
+        extra=""; [ $m = held ] && extra=--hold-stream
+        timeout 270 python3 -m portconv.cli bench --rows "$ROWS" --backend cuda,auto --cell-seconds 2 \
+            --no-torch-variants $extra --out $R/bench-$m > $R/bench-$m.log 2>&1
+        tail -30 $R/bench-$m.log; pack
+    done ;;
+esac
