@@ -67,8 +67,14 @@
 #endif
 /* Weight gradient (channels-last): rows x columns per unit and whether its X rows roll, per channels per thread:
  * 4 channels (16-bit types): 8 x 2 rolling; fewer: 2 x 4 with every row loaded up front. */
-#define PC_DWT_THW(VC) ((VC) >= 4 ? 8 : 2)
-#define PC_DWT_VWW(VC) ((VC) >= 4 ? 2 : 4)
+#ifndef PC_DWT_THW4
+#define PC_DWT_THW4 8
+#endif
+#ifndef PC_DWT_VWW4
+#define PC_DWT_VWW4 2
+#endif
+#define PC_DWT_THW(VC) ((VC) >= 4 ? PC_DWT_THW4 : 2)
+#define PC_DWT_VWW(VC) ((VC) >= 4 ? PC_DWT_VWW4 : 4)
 #define PC_DWT_THREADS 256 /* block size of the weight gradient (cuda.py THREADS) */
 
 /* An aligned group of N elements: one vector access through the prelude's pc_ld_vec / pc_st_vec. */

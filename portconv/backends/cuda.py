@@ -39,7 +39,8 @@ DW_V = 4  # PC_DW_V of cuda/conv_depthwise_rows.cuh: outputs per thread along th
 # Output rows x columns per thread of the fwd/bwd-data tile kernels of cuda/conv_depthwise_tile.cuh, per family (its
 # PC_DWT_THN/VWN, _THN16/VWN16, _TH3/VW3, _THC/VWC, _THC3/VWC): 'tilen_s*' (2-D NCHW; 'nchw16' in 16-bit types, Note
 # [packed rows]), 'tilen3d_s*', 'tile_s*' (2-D channels-last), 'tile3d_s*'
-DW_TILE = {"nchw": (8, 2), "nchw16": (8, 4), "nchw3d": (8, 4), "cl": (16, 2), "cl3d": (4, 2)}
+DW_TILE = {"nchw": (8, 2), "nchw16": (8, 4), "nchw3d": (8, 4), "cl": (16, 2), "cl3d": (4, 2),
+           "w4": (8, 2)}  # 'w4': the weight gradient's unit with 4 channels a thread (PC_DWT_THW4, _VWW4)
 DW_TILE_VC = {"float32": 2, "float16": 4, "bfloat16": 4, "float64": 1}  # PC_DWT_VC: channels per thread (CL)
 # where the tile fwd/bwd_data kernels run: "auto" (default: channels-last, and NCHW with >= 16 rows and enough
 # tiles to fill the GPU, DW_TILE_MIN_WORK), "cl" (channels-last only) or "all"
@@ -256,7 +257,7 @@ def depthwise_weight_grid(view: ConvView, kernel: str, cl: bool, dtype: str, uni
         cv = v.C // vc
         ct = 16 if cv % 16 == 0 else min(cv, 8)  # pc_dwt_channel_tile
         tiles, groups = -(-cv // ct), THREADS // ct
-        th, vw = (8, 2) if vc >= 4 else (2, 4)  # PC_DWT_THW, PC_DWT_VWW: the kernel splits its units itself
+        th, vw = DW_TILE["w4"] if vc >= 4 else (2, 4)  # PC_DWT_THW, PC_DWT_VWW: the kernel splits its units itself
         work = v.N * v.Y[0] * -(-v.Y[1] // th) * -(-v.Y[2] // vw)
         target = 3 * max(units, 1)  # few splits: portconv_split_finalize sums them one by one
         splits = max(1, min(-(-target // tiles), -(-work // (4 * groups)), GRID_YZ_MAX))

@@ -6,11 +6,12 @@
 #                                          mbv2-dw3x3-bf16 and -bf16-cl
 #   bash scripts/gpu/dw_tiles.sh sweep32   the same for the float32 2-D rows and dw3d-3x3x3, then ncu on the bf16
 #                                          NCHW forward
+#   bash scripts/gpu/dw_tiles.sh sweepw    the unit shape of the 16-bit channels-last weight gradient
 #   bash scripts/gpu/dw_tiles.sh conform   the depthwise conformance (scripts/gpu/depthwise_device.sh: cuda, cuda
 #                                          with the tiles everywhere, HIP-on-NVIDIA x 4 dtypes), then every
 #                                          depthwise row at the defaults (depthwise_bench.py)
 #   bash scripts/gpu/dw_tiles.sh bench     `portconv bench` on the depthwise rows, per call and --hold-stream
-# Variant lists: V16A, V16B, V16C, V32, V3D (';'-separated, as DW_VARIANTS with DW_SEP=';').
+# Variant lists: V16A, V16B, V16C, V32, V3D, VW1, VW2 (';'-separated, as DW_VARIANTS with DW_SEP=';').
 set -u
 R=$OUT/dw-tiles; mkdir -p $R
 pack() { tar czf $OUT/dw-tiles.tgz -C $OUT dw-tiles; }
@@ -40,6 +41,10 @@ sweep32)
         grep -E "Duration|Registers Per|Achieved Occupancy|Compute \(SM\)" "$R/ncu-bf16-${v//[@,=]/_}.txt" | head -12
     done
     pack ;;
+sweepw)  # the weight gradient's unit shape (its 2026-11-25 run also tried register caps, not kept: notes "v5")
+    sweep wcl1 mbv2-dw3x3-bf16-cl "${VW1:-v3;v3@vww4=1;v3@thw4=4}" 60 120
+    sweep wcl2 mbv2-dw3x3-bf16-cl "${VW2:-v3@thw4=16;v3@thw4=16,vww4=1}" 60 120
+    ;;
 conform)
     OUT=$R CONF_S=${CONF_S:-150} BENCH_S=1 bash scripts/gpu/depthwise_device.sh > $R/conformance-summary.txt 2>&1
     tail -16 $R/conformance-summary.txt; pack
