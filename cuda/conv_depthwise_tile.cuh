@@ -73,6 +73,23 @@
 #ifndef PC_DWT_VWW4
 #define PC_DWT_VWW4 2
 #endif
+#ifndef PC_DWT_RING
+#define PC_DWT_RING PC_ASYNC_COPY /* Note [async row ring] in the 16-bit channels-last weight gradient (0: off) */
+#endif
+#ifndef PC_DWT_RD
+#define PC_DWT_RD 2 /* its slots: RD - 1 steps in flight (2 .. 4; 4 fills 48 KB) */
+#endif
+/* Shared memory of a weight-gradient block: the reduction's RT x THREADS partials, or the ring if larger. */
+#define PC_DWT_POOL_RED (18 * PC_DWT_THREADS * (int)sizeof(pc_acc_t))
+#define PC_DWT_SLOT2 ((3 * PC_DWT_VWW4 + 1) * PC_DWT_THREADS * 8) /* a ring slot of all threads at stride 2 */
+#define PC_DWT_POOL_RING (PC_DWT_RING ? (PC_DWT_RD * PC_DWT_SLOT2 < 49152 ? PC_DWT_RD * PC_DWT_SLOT2 : 49152) : 0)
+#define PC_DWT_POOL (PC_DWT_POOL_RED > PC_DWT_POOL_RING ? PC_DWT_POOL_RED : PC_DWT_POOL_RING)
+#ifndef PC_DWT_FRING
+#define PC_DWT_FRING PC_ASYNC_COPY /* the ring in the 2-D channels-last forward / backward-data (0: off) */
+#endif
+#ifndef PC_DWT_FRD
+#define PC_DWT_FRD 4 /* its slots (2 .. 4) */
+#endif
 #define PC_DWT_THW(VC) ((VC) >= 4 ? PC_DWT_THW4 : 2)
 #define PC_DWT_VWW(VC) ((VC) >= 4 ? PC_DWT_VWW4 : 4)
 #define PC_DWT_THREADS 256 /* block size of the weight gradient (cuda.py THREADS) */
@@ -241,6 +258,73 @@ PC_DEVICE void pc_dwt_store(pc_t *PC_RESTRICT dst, pc_idx o, pc_idx ds4, pc_idx 
     }
 }
 
+/* Note [async row ring] in the 2-D channels-last forward / stride-1 backward-data (PC_DWT_FRING): the tile's NR
+ * source rows stream through RD slots of WIN vectors, RD - 1 rows ahead of the row being multiplied, in place of
+ * the register lookahead; each output row is stored when its three source rows are in. */
+template <int S, int VC, int VW, int TH, int RD>
+PC_DEVICE void pc_dwt_conv_ring(const pc_t *PC_RESTRICT src, pc_idx rb, pc_idx b1, pc_idx b2, pc_idx E1, pc_idx E2,
+                                pc_idx ss3, pc_idx ss4, const pc_acc_t (&wv)[3][3][VC], const pc_acc_t (&bias)[VC],
+                                pc_t *PC_RESTRICT dst, pc_idx o, pc_idx rows, pc_idx left, pc_idx ds3, pc_idx ds4,
+                                pc_vec<pc_t, VC> *ring) {
+    typedef pc_vec<pc_t, VC> V;
+    constexpr int WIN = (VW - 1) * S + 3, NR = (TH - 1) * S + 3, L = PC_DWT_THREADS;
+    static_assert(RD >= 2, "the ring needs two slots");
+    V *mine = ring + threadIdx.x;
+    auto issue = [&](int q) {
+        if (q < NR) {
+            V *sl = mine + (q % RD) * WIN * L;
+            const pc_idx i1 = b1 + q;
+            const bool rok = i1 >= 0 && i1 < E1;
+#pragma unroll
+            for (int u = 0; u < WIN; ++u) {
+                const pc_idx i2 = b2 + u;
+                const bool ok = rok && i2 >= 0 && i2 < E2;
+                pc_cp_async<sizeof(V)>(sl + u * L, ok ? src + rb + i1 * ss3 + i2 * ss4 : src, ok);
+            }
+        }
+        pc_cp_async_commit();
+    };
+#pragma unroll
+    for (int q = 0; q < RD - 1; ++q) issue(q);
+    pc_acc_t row[3][WIN][VC];
+#pragma unroll
+    for (int q = 0; q < NR; ++q) {
+        pc_cp_async_wait<RD - 2>(); /* source row q has landed */
+        const V *sl = mine + (q % RD) * WIN * L;
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int w = 0; w < WIN; ++w)
+#pragma unroll
+                for (int j = 0; j < VC; ++j) row[r][w][j] = row[r + 1][w][j];
+#pragma unroll
+        for (int w = 0; w < WIN; ++w) {
+            const V v = sl[w * L];
+#pragma unroll
+            for (int j = 0; j < VC; ++j) row[2][w][j] = (pc_acc_t)pc_ld(v.v, j);
+        }
+        issue(q + RD - 1); /* into the slot read one row ago */
+        if (q >= 2 && (q - 2) % S == 0) {
+            const int t = (q - 2) / S;
+            pc_acc_t acc[VW][VC];
+#pragma unroll
+            for (int v = 0; v < VW; ++v)
+#pragma unroll
+                for (int j = 0; j < VC; ++j) acc[v][j] = 0;
+#pragma unroll
+            for (int r1 = 0; r1 < 3; ++r1)
+#pragma unroll
+                for (int r2 = 0; r2 < 3; ++r2)
+#pragma unroll
+                    for (int v = 0; v < VW; ++v)
+#pragma unroll
+                        for (int j = 0; j < VC; ++j) acc[v][j] += row[r1][v * S + r2][j] * wv[r1][r2][j];
+            if (t < rows) pc_dwt_store<VC, VW>(dst, o + t * ds3, ds4, left, acc, bias);
+        }
+    }
+    pc_cp_async_wait<0>();
+}
+
 /* Forward (BWD false: X -> Y, stride S) or stride-1 backward-data (BWD true: dY -> dX, flipped filter).
  * ONE0: the view has one tap on axis 0 (2-D and 1-D problems): each tile row is stored as soon as it is done,
  * so only one row of accumulators is live; else every tile row accumulates over the axis-0 taps first. */
@@ -303,6 +387,13 @@ PC_DEVICE void pc_dwt_conv(const pc_conv_args &a) {
                         wv[r1][r2][j] = (pc_acc_t)pc_ld(w, (c + j) * ws0 + r0 * ws2 + (BWD ? 2 - r1 : r1) * ws3 +
                                                                (BWD ? 2 - r2 : r2) * ws4);
             const pc_idx rb = n * ss0 + c * ss1 + i0 * ss2;
+            if constexpr (PC_DWT_FRING && ONE0 && VC > 1 && !PF && PK == 0) { /* Note [async row ring] */
+                PC_SHARED pc_vec<pc_t, VC> ring[PC_DWT_FRD * ((VW - 1) * S + 3) * PC_DWT_THREADS];
+                pc_dwt_conv_ring<S, VC, VW, TH, PC_DWT_FRD>(src, rb, b1, b2, E1, E2, ss3, ss4, wv, bias, dst,
+                                                            db + d1s * ds3 + d2s * ds4, D1 - d1s, D2 - d2s, ds3, ds4,
+                                                            ring);
+                continue;
+            }
             /* PF: all TH + 2 source rows are loaded up front (every load of the tile in flight at once); else a
              * rolling window: before tile row t, row[0 .. 2-S] hold source rows b1 + S*t + 0 .. 2-S; LA: Note
              * [row lookahead] */
@@ -373,8 +464,96 @@ PC_DEVICE void pc_dwt_conv_any(const pc_conv_args &a) {
  * so a block holds 16 or 32 position groups, and the splits (each a pass of portconv_split_finalize) stay few. */
 PC_DEVICE pc_idx pc_dwt_channel_tile(pc_idx CV) { return CV % 16 == 0 ? 16 : CV < 8 ? CV : 8; }
 
+/* Note [async row ring]: the 16-bit channels-last weight gradient walks its units (TH x VW positions of VC channels)
+ * as a stream of steps, one per source row q of a unit (NR = (TH - 1) S + 3 of them): step q brings X row q's WIN
+ * vectors and, where q >= 2 and (q - 2) % S == 0, dY row (q - 2) / S's VW vectors. Each thread copies its own steps
+ * into its own slots of a shared-memory ring with the prelude's pc_cp_async (Note [async copies]; zeros outside the
+ * image), RD - 1 steps ahead of the step it multiplies: the loads are in flight without holding registers, where
+ * a register lookahead (v5) cost 33 registers and half the blocks. No thread reads another's slot, so no barrier is
+ * needed until the ring's memory is reused for the reduction. Where the copies are synchronous (PC_ASYNC_COPY 0) the
+ * ring is off by default and the rolling window loads directly. Slot k, vector v of thread i: ring[(k NV + v)
+ * THREADS + i], so a warp's accesses are consecutive 8-byte words. */
+template <int S, int VC, int TH, int VW, int RD>
+PC_DEVICE void pc_dwt_wring(pc_acc_t (&acc)[9][VC], const pc_conv_args &a, pc_idx lo, pc_idx hi, pc_idx pg,
+                            pc_idx PG, pc_idx c, pc_vec<pc_t, VC> *ring) {
+    typedef pc_vec<pc_t, VC> V;
+    constexpr int WIN = (VW - 1) * S + 3, NR = (TH - 1) * S + 3, NV = WIN + VW, L = PC_DWT_THREADS;
+    static_assert(RD >= 2, "the ring needs two slots");
+    const pc_t *PC_RESTRICT x = (const pc_t *)a.x;
+    const pc_t *PC_RESTRICT dy = (const pc_t *)a.y;
+    const pc_idx Y0 = (pc_idx)a.Y[0], Y1 = (pc_idx)a.Y[1], Y2 = (pc_idx)a.Y[2];
+    const pc_idx X0 = (pc_idx)a.X[0], X1 = (pc_idx)a.X[1], X2 = (pc_idx)a.X[2];
+    const pc_idx xs3 = (pc_idx)a.xs[3], xs4 = (pc_idx)a.xs[4], ys3 = (pc_idx)a.ys[3], ys4 = (pc_idx)a.ys[4];
+    const pc_idx T1 = (Y1 + TH - 1) / TH, NS = (Y2 + VW - 1) / VW;
+    V *mine = ring + threadIdx.x;
+    for (pc_idx e = lo + pg; e < hi; e += PG) {
+        pc_idx n, o0, t1, st;
+        pc_unflatten4(e, Y0, T1, NS, n, o0, t1, st);
+        const pc_idx o1s = t1 * TH, o2s = st * VW;
+        const pc_idx b1 = o1s * S - (pc_idx)a.P[1], b2 = o2s * S - (pc_idx)a.P[2];
+        const pc_idx i0 = o0 * (pc_idx)a.S[0] - (pc_idx)a.P[0];
+        const bool u0 = i0 >= 0 && i0 < X0;
+        const pc_idx xr = n * (pc_idx)a.xs[0] + c * (pc_idx)a.xs[1] + i0 * (pc_idx)a.xs[2];
+        const pc_idx yr = n * (pc_idx)a.ys[0] + c * (pc_idx)a.ys[1] + o0 * (pc_idx)a.ys[2];
+        /* step q of the unit into slot q % RD; a step past the unit commits an empty group (the count stays even) */
+        auto issue = [&](int q) {
+            if (q < NR) {
+                V *sl = mine + (q % RD) * NV * L;
+                const pc_idx i1 = b1 + q;
+                const bool rok = u0 && i1 >= 0 && i1 < X1;
+#pragma unroll
+                for (int u = 0; u < WIN; ++u) {
+                    const pc_idx i2 = b2 + u;
+                    const bool ok = rok && i2 >= 0 && i2 < X2;
+                    pc_cp_async<sizeof(V)>(sl + u * L, ok ? x + xr + i1 * xs3 + i2 * xs4 : x, ok);
+                }
+                if (q >= 2 && (q - 2) % S == 0) {
+                    const pc_idx o1 = o1s + (q - 2) / S;
+#pragma unroll
+                    for (int v = 0; v < VW; ++v) {
+                        const bool ok = u0 && o1 < Y1 && o2s + v < Y2;
+                        pc_cp_async<sizeof(V)>(sl + (WIN + v) * L, ok ? dy + yr + o1 * ys3 + (o2s + v) * ys4 : dy, ok);
+                    }
+                }
+            }
+            pc_cp_async_commit();
+        };
+#pragma unroll
+        for (int q = 0; q < RD - 1; ++q) issue(q);
+        pc_acc_t row[3][WIN][VC];
+#pragma unroll
+        for (int q = 0; q < NR; ++q) {
+            pc_cp_async_wait<RD - 2>(); /* step q has landed */
+            const V *sl = mine + (q % RD) * NV * L;
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+#pragma unroll
+                for (int w = 0; w < WIN; ++w)
+#pragma unroll
+                    for (int j = 0; j < VC; ++j) row[r][w][j] = row[r + 1][w][j];
+#pragma unroll
+            for (int w = 0; w < WIN; ++w) {
+                const V v = sl[w * L];
+#pragma unroll
+                for (int j = 0; j < VC; ++j) row[2][w][j] = (pc_acc_t)pc_ld(v.v, j);
+            }
+            const bool has_g = q >= 2 && (q - 2) % S == 0;
+            pc_acc_t g[VW][VC];
+#pragma unroll
+            for (int v = 0; v < VW; ++v) {
+                const V gv = has_g ? sl[(WIN + v) * L] : V{};
+#pragma unroll
+                for (int j = 0; j < VC; ++j) g[v][j] = (pc_acc_t)pc_ld(gv.v, j);
+            }
+            issue(q + RD - 1); /* into the slot read one step ago */
+            if (has_g) pc_dwt_wacc<S>(acc, 0, g, row, 0);
+        }
+        pc_cp_async_wait<0>();
+    }
+}
+
 template <int R0C, int S, int VC>
-PC_DEVICE void pc_dwt_bwd_weight(const pc_conv_args &a) {
+PC_DEVICE void pc_dwt_bwd_weight(const pc_conv_args &a, pc_vec<pc_acc_t, 4> *pool) {
     constexpr int TH = PC_DWT_THW(VC), VW = PC_DWT_VWW(VC), WIN = (VW - 1) * S + 3, TAPS = R0C * 9;
     constexpr bool ROLL = VC >= 4;
     const pc_t *PC_RESTRICT x = (const pc_t *)a.x;
@@ -393,7 +572,14 @@ PC_DEVICE void pc_dwt_bwd_weight(const pc_conv_args &a) {
     pc_split_range(units, (units + (pc_idx)a.splits - 1) / (pc_idx)a.splits, sp, lo, hi);
     constexpr int RT = 18; /* partials per thread and reduction round (18 KB of float, 36 KB of double) */
     constexpr int ROUNDS = (TAPS * VC + RT - 1) / RT;
-    PC_SHARED pc_acc_t red[RT * PC_DWT_THREADS];
+    /* Note [async row ring] where it is on; its memory is the reduction's, after a barrier */
+    constexpr int SLOT = (WIN + VW) * PC_DWT_THREADS * (int)sizeof(pc_vec<pc_t, VC>);
+    constexpr int RD = PC_DWT_RD * SLOT <= PC_DWT_POOL ? PC_DWT_RD : PC_DWT_POOL / SLOT;
+    constexpr int RING = ROLL && R0C == 1 && PC_DWT_RING ? RD : 0;
+    constexpr int RED_B = RT * PC_DWT_THREADS * (int)sizeof(pc_acc_t);
+    constexpr int RING_B = RING * SLOT;
+    static_assert(RED_B <= PC_DWT_POOL && RING_B <= PC_DWT_POOL, "the weight gradient's shared memory");
+    pc_acc_t *red = (pc_acc_t *)pool;
     for (pc_idx tile = (pc_idx)blockIdx.x; tile < ntiles; tile += (pc_idx)gridDim.x) {
         const pc_idx cv = tile * CT + lane, c = cv * VC;
         const bool active = pg < PG && cv < CV;
@@ -402,7 +588,11 @@ PC_DEVICE void pc_dwt_bwd_weight(const pc_conv_args &a) {
         for (int t = 0; t < TAPS; ++t)
 #pragma unroll
             for (int j = 0; j < VC; ++j) acc[t][j] = 0;
-        for (pc_idx e = lo + pg; active && e < hi; e += PG) {
+        if constexpr (RING != 0) {
+            if (active) pc_dwt_wring<S, VC, TH, VW, RING>(acc, a, lo, hi, pg, PG, c, (pc_vec<pc_t, VC> *)pool);
+            PC_BARRIER(); /* every thread's ring reads are done before the reduction reuses the memory */
+        }
+        for (pc_idx e = lo + pg; !RING && active && e < hi; e += PG) {
             pc_idx n, o0, t1, st;
             pc_unflatten4(e, Y0, T1, NS, n, o0, t1, st);
             const pc_idx o1s = t1 * TH, o2s = st * VW;
@@ -476,10 +666,11 @@ PC_DEVICE void pc_dwt_bwd_weight(const pc_conv_args &a) {
 template <int R0C, int S>
 PC_DEVICE void pc_dwt_bwd_weight_any(const pc_conv_args &a) {
     constexpr int VC = R0C == 3 && PC_DWT_VC > 2 ? 2 : PC_DWT_VC; /* 27 taps x 4 channels: too many registers */
+    PC_SHARED pc_vec<pc_acc_t, 4> pool[PC_DWT_POOL / sizeof(pc_vec<pc_acc_t, 4>)]; /* one for both instances */
     if (VC > 1 && pc_dwt_vec_ok<VC>(a))
-        pc_dwt_bwd_weight<R0C, S, VC>(a);
+        pc_dwt_bwd_weight<R0C, S, VC>(a, pool);
     else
-        pc_dwt_bwd_weight<R0C, S, 1>(a);
+        pc_dwt_bwd_weight<R0C, S, 1>(a, pool);
 }
 
 /* Forward and backward-data kernels: tile[n][3d]_s{S}. 'n': NCHW-style (one channel per thread, spatial

@@ -309,16 +309,8 @@ struct pc_vec_cursor : pc_cursor<Op, true, PC_TC_VA> {
  * Element-wise B (Mode 3) keeps the register double buffer one step ahead, written into the ring's stage. v7: TF32
  * too (v6 kept its register double buffer, rounding when it stored): the floats land unrounded and the fragments are
  * rounded after their loads (pc_tc_mma's Round; rounding a rounded B element again changes nothing); 3 stages of its
- * 80-byte rows fit 48 KB at 128 x 64, 2 at 128 x 128. */
-PC_DEVICE void pc_cp16(void *dst, const void *src, bool ok) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(ok ? 16 : 0));
-}
-PC_DEVICE void pc_cp_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N>
-PC_DEVICE void pc_cp_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N));
-}
+ * 80-byte rows fit 48 KB at 128 x 64, 2 at 128 x 128. The copies are the prelude's pc_cp_async (Note [async
+ * copies]). */
 
 /* The thread's A vectors (and B vectors, VB) of the cursor's step into stage buffers A, B with cp.async. */
 template <bool VB, class Op>
@@ -328,14 +320,15 @@ PC_DEVICE void pc_tc_issue(const Op &op, const pc_vec_cursor<Op, true> &cur, con
 #pragma unroll
     for (int i = 0; i < PC_TC_VA; ++i) {
         const bool in = cur.ok >> i & 1u;
-        pc_cp16(&A[lv + (PC_NT / PC_TC_VP) * i][4 * part], op.A_src() + (in ? op.A_off(rows[i], cur.d) : 0), in);
+        pc_cp_async<16>(&A[lv + (PC_NT / PC_TC_VP) * i][4 * part], op.A_src() + (in ? op.A_off(rows[i], cur.d) : 0),
+                        in);
     }
     if (VB) {
 #pragma unroll
         for (int j = 0; j < PC_TC_VBN; ++j)
             if (lv + (PC_NT / PC_TC_VP) * j < PC_TC_BN)
-                pc_cp16(&B[lv + (PC_NT / PC_TC_VP) * j][4 * part], op.w + (cols[j].ok ? op.B_off(cur.d, cols[j]) : 0),
-                        cols[j].ok);
+                pc_cp_async<16>(&B[lv + (PC_NT / PC_TC_VP) * j][4 * part],
+                                op.w + (cols[j].ok ? op.B_off(cur.d, cols[j]) : 0), cols[j].ok);
     }
 }
 
@@ -465,7 +458,7 @@ PC_DEVICE void pc_igemm_tc_async(const Op &op, pc_idx M, pc_idx NC, pc_idx rbeg,
             if (k) cur.next(op, rows);
             pc_tc_issue<VB>(op, cur, rows, cols, As[k], Bs[k], tid);
         }
-        pc_cp_commit();
+        pc_cp_async_commit();
     }
     if (!VB && steps > 0) {
         bcur.template fetch<pc_tc_e, PC_TC_BJ>(op, rows, cols, rb, rb);
@@ -474,13 +467,13 @@ PC_DEVICE void pc_igemm_tc_async(const Op &op, pc_idx M, pc_idx NC, pc_idx rbeg,
     }
     for (pc_idx k = 0; k < steps; ++k) {
         const int buf = (int)(k % S);
-        pc_cp_wait<S - 2>(); /* this thread's copies of step k are done */
+        pc_cp_async_wait<S - 2>(); /* this thread's copies of step k are done */
         PC_BARRIER();        /* ... everyone's; and step k - 1's buffers are free */
         if (k + S - 1 < steps) {
             cur.next(op, rows);
             pc_tc_issue<VB>(op, cur, rows, cols, As[(k + S - 1) % S], Bs[(k + S - 1) % S], tid);
         }
-        pc_cp_commit();
+        pc_cp_async_commit();
         const bool bnext = !VB && k + 1 < steps;
         if (bnext) {
             bcur.next(op, rows);
@@ -653,13 +646,13 @@ PC_DEVICE void pc_tn_issue(const Op &op, const typename Op::Red &d, const typena
     for (int i = 0; i < PC_TC_TAV; ++i)
         if (PC_TN_A_MINE(i)) {
             const pc_t *s = pc_tn_a(op, rows[i], d);
-            pc_cp16(&A[rr][4 * (lq + 16 * i)], s ? s : op.dy, s != nullptr);
+            pc_cp_async<16>(&A[rr][4 * (lq + 16 * i)], s ? s : op.dy, s != nullptr);
         }
 #pragma unroll
     for (int j = 0; j < PC_TC_TBV; ++j)
         if (PC_TN_B_MINE(j)) {
             const pc_t *s = pc_tn_b(op, d, cols[j]);
-            pc_cp16(&B[rr][4 * (lq + 16 * j)], s ? s : op.x, s != nullptr);
+            pc_cp_async<16>(&B[rr][4 * (lq + 16 * j)], s ? s : op.x, s != nullptr);
         }
 }
 
@@ -714,17 +707,17 @@ PC_DEVICE void pc_igemm_tc_tn(const Op &op, pc_idx M, pc_idx NC, pc_idx rbeg, pc
             if (k) p.next(op);
             pc_tn_issue(op, op.red_at(p.n, p.o0, p.o1, p.o2, p.r < rend), rows, cols, sm.A[k], sm.B[k], rr, lq);
         }
-        pc_cp_commit();
+        pc_cp_async_commit();
     }
     for (pc_idx k = 0; k < steps; ++k) {
-        pc_cp_wait<S - 2>(); /* this thread's copies of step k are done */
+        pc_cp_async_wait<S - 2>(); /* this thread's copies of step k are done */
         PC_BARRIER();        /* ... everyone's; and step k - 1's buffers are free */
         if (k + S - 1 < steps) {
             const int s = (int)((k + S - 1) % S);
             p.next(op);
             pc_tn_issue(op, op.red_at(p.n, p.o0, p.o1, p.o2, p.r < rend), rows, cols, sm.A[s], sm.B[s], rr, lq);
         }
-        pc_cp_commit();
+        pc_cp_async_commit();
         pc_tc_mma_tn(acc, sm.A[k % S], sm.B[k % S], wm, wn, g, t);
     }
 #else /* the register double buffer: step k + 1's loads in flight while step k multiplies */

@@ -73,6 +73,39 @@ PC_DEVICE void pc_st_vec(V *p, const V &v) {
     *p = v;
 }
 
+/* Note [async copies]: global -> shared copies that bypass the registers (cp.async, sm_80 and newer). A thread
+ * issues copies of BYTES (4, 8 or 16, both addresses aligned to it; ok false writes zeros: src-size 0, src must still
+ * be a valid address), closes them as a group with pc_cp_async_commit, and pc_cp_async_wait<N> returns once at most
+ * N of its groups are in flight (a compiler memory barrier too: shared reads of the copied data stay after it).
+ * Other threads see the data only after a barrier. PC_ASYNC_COPY says whether the copies are asynchronous; on older
+ * GPUs, and in the HIP and CPU preludes, the same calls copy synchronously and the wait does nothing. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define PC_ASYNC_COPY 1
+template <int BYTES>
+PC_DEVICE void pc_cp_async(void *dst, const void *src, bool ok) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(d), "l"(src), "n"(BYTES), "r"(ok ? BYTES : 0));
+}
+PC_DEVICE void pc_cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+PC_DEVICE void pc_cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+#else
+#define PC_ASYNC_COPY 0
+template <int BYTES>
+struct pc_cp_block {
+    alignas(BYTES) unsigned char b[BYTES];
+};
+template <int BYTES>
+PC_DEVICE void pc_cp_async(void *dst, const void *src, bool ok) {
+    *(pc_cp_block<BYTES> *)dst = ok ? *(const pc_cp_block<BYTES> *)src : pc_cp_block<BYTES>{};
+}
+PC_DEVICE void pc_cp_async_commit() {}
+template <int N>
+PC_DEVICE void pc_cp_async_wait() {}
+#endif
+
 /* Note [tensor cores]: matrix-unit (mma/wmma) paths of the implicit GEMM are CUDA-only. They are compiled
  * only where PC_TENSOR_CORES is 1; the HIP prelude leaves it 0 and the bodies fall back to the shared-memory
  * FMA tile, which is correct everywhere. */

@@ -65,6 +65,20 @@ PC_DEVICE void pc_st_vec(V *p, const V &v) {
     *p = v;
 }
 
+/* Note [async copies] of cuda/prelude.cuh: synchronous copies here (no cp.async). */
+#define PC_ASYNC_COPY 0
+template <int BYTES>
+struct pc_cp_block {
+    alignas(BYTES) unsigned char b[BYTES];
+};
+template <int BYTES>
+PC_DEVICE void pc_cp_async(void *dst, const void *src, bool ok) {
+    *(pc_cp_block<BYTES> *)dst = ok ? *(const pc_cp_block<BYTES> *)src : pc_cp_block<BYTES>{};
+}
+PC_DEVICE void pc_cp_async_commit() {}
+template <int N>
+PC_DEVICE void pc_cp_async_wait() {}
+
 /* Matrix-core (MFMA/WMMA) tiles are not written for HIP: the bodies use their portable shared-memory tile. */
 #ifndef PC_TENSOR_CORES
 #define PC_TENSOR_CORES 0

@@ -309,6 +309,8 @@ def test_depthwise_v3_bodies_on_cpu(emu_backend, case, tile, monkeypatch):
 def _depthwise_all_dtypes(emu_backend, case):
     for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16):
         x, w, b, problem, choice, go, ref = _setup(emu_backend, case, dtype)
+        if case.layout == "chlast" and case.rank >= 2:  # dY in x's layout too, as autograd gives it: the vector paths
+            go = go.contiguous(memory_format=torch.channels_last if case.rank == 2 else torch.channels_last_3d)
         assert choice.algorithm == "depthwise"
         plan = Plan(problem, BackendId.CUDA, "depthwise", choice.memory_format, choice.reason, _DEVICE)
         y = emu_backend.forward(plan, x, w, b)
@@ -316,12 +318,15 @@ def _depthwise_all_dtypes(emu_backend, case):
         _check(got, ref, dtype, f"depthwise ({choice.reason})")
 
 
-@pytest.mark.parametrize("extra", [{"PC_DWT_LA": 0}, {"PC_DWT_PF": 0, "PC_DWT_PF16": 1}, {"PC_DWT_PK": 0}],
-                         ids=["no-lookahead", "pf-swapped", "unpacked"])
+@pytest.mark.parametrize("extra", [{"PC_DWT_LA": 0}, {"PC_DWT_PF": 0, "PC_DWT_PF16": 1}, {"PC_DWT_PK": 0},
+                                   {"PC_DWT_RING": 1, "PC_DWT_RD": 2, "PC_DWT_FRING": 1, "PC_DWT_FRD": 4},
+                                   {"PC_DWT_RING": 1, "PC_DWT_RD": 4, "PC_DWT_FRING": 1, "PC_DWT_FRD": 2}],
+                         ids=["no-lookahead", "pf-swapped", "unpacked", "ring2", "ring4"])
 def test_depthwise_tile_switches_on_cpu(emu_backend, extra, monkeypatch):
     """The tile kernels' compile-time switches that keep the tile shape (Note [row lookahead] off, prefetch or
-    rolling window per dtype class swapped, Note [packed rows] off) stay correct: every DW3 case, tiles everywhere,
-    every dtype. The defaults run in test_depthwise_v3_bodies_on_cpu."""
+    rolling window per dtype class swapped, Note [packed rows] off, Note [async row ring] on in every kernel that has it, with 2 and 4 slots: the
+    CPU prelude copies synchronously, so the ring is off there by default) stay correct: every DW3 case, tiles
+    everywhere, every dtype. The defaults run in test_depthwise_v3_bodies_on_cpu."""
     init = cuda._Run.__init__
 
     def with_defines(self, *args, **kw):

@@ -152,7 +152,9 @@ KNOBS = {  # variant key: (-D define, the cuda.DW_TILE entries.index the host si
     "th3": ("PC_DWT_TH3", "nchw3d.0", False), "vw3": ("PC_DWT_VW3", "nchw3d.1", False),
     "thc": ("PC_DWT_THC", "cl.0", False), "thc3": ("PC_DWT_THC3", "cl3d.0", False),
     "vwc": ("PC_DWT_VWC", "cl.1+cl3d.1", False), "la": ("PC_DWT_LA", None, False),
-    "thw4": ("PC_DWT_THW4", "w4.0", True), "vww4": ("PC_DWT_VWW4", "w4.1", True)}
+    "thw4": ("PC_DWT_THW4", "w4.0", True), "vww4": ("PC_DWT_VWW4", "w4.1", True),
+    "ring": ("PC_DWT_RING", None, True), "rd": ("PC_DWT_RD", None, True),
+    "fring": ("PC_DWT_FRING", None, False), "frd": ("PC_DWT_FRD", None, False)}
 SAVED = {k: dict(getattr(cuda, k)) for k in ("DW_TILE", "DW_TILE_VC")}
 EXTRA: dict = {}  # (define, value, 16-bit only) of the variant
 _init = cuda._Run.__init__
@@ -171,7 +173,7 @@ cuda._Run.__init__ = _init_with_tile
 
 def set_variant(var: str) -> None:
     """'v3' etc., or 'v3@key=value,...' for the tile kernels compiled with other -D defines (KNOBS: thn, vwn, pf,
-    th3, vw3, thc, thc3, vwc, la; thn16, vwn16, pf16, pk, vc, thw4, vww4 for 16-bit dtypes
+    th3, vw3, thc, thc3, vwc, la, fring, frd; thn16, vwn16, pf16, pk, vc, thw4, vww4, ring, rd for 16-bit dtypes
     only), the host's grid sizes set to match (grids only size grid-stride loops; the weight gradient splits its
     units itself)."""
     name, _, shape = var.partition("@")

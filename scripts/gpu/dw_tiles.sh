@@ -7,11 +7,14 @@
 #   bash scripts/gpu/dw_tiles.sh sweep32   the same for the float32 2-D rows and dw3d-3x3x3, then ncu on the bf16
 #                                          NCHW forward
 #   bash scripts/gpu/dw_tiles.sh sweepw    the unit shape of the 16-bit channels-last weight gradient
+#   bash scripts/gpu/dw_tiles.sh ring      Note [async row ring] on / off and its slot count (VR1: weight
+#                                          gradient, VR2: forward / backward-data)
 #   bash scripts/gpu/dw_tiles.sh conform   the depthwise conformance (scripts/gpu/depthwise_device.sh: cuda, cuda
 #                                          with the tiles everywhere, HIP-on-NVIDIA x 4 dtypes), then every
 #                                          depthwise row at the defaults (depthwise_bench.py)
 #   bash scripts/gpu/dw_tiles.sh bench     `portconv bench` on the depthwise rows, per call and --hold-stream
-# Variant lists: V16A, V16B, V16C, V32, V3D, VW1, VW2 (';'-separated, as DW_VARIANTS with DW_SEP=';').
+#                                          (BENCH_MODES: "call held" or one of them)
+# Variant lists: V16A, V16B, V16C, V32, V3D, VW1, VW2, VR1, VR2 (';'-separated, as DW_VARIANTS with DW_SEP=';').
 set -u
 R=$OUT/dw-tiles; mkdir -p $R
 pack() { tar czf $OUT/dw-tiles.tgz -C $OUT dw-tiles; }
@@ -45,6 +48,10 @@ sweepw)  # the weight gradient's unit shape (its 2026-11-25 run also tried regis
     sweep wcl1 mbv2-dw3x3-bf16-cl "${VW1:-v3;v3@vww4=1;v3@thw4=4}" 60 120
     sweep wcl2 mbv2-dw3x3-bf16-cl "${VW2:-v3@thw4=16;v3@thw4=16,vww4=1}" 60 120
     ;;
+ring)  # Note [async row ring]: the 16-bit channels-last weight gradient without / with 2-4 slots
+    sweep ring1 mbv2-dw3x3-bf16-cl "${VR1:-v3@ring=0;v3;v3@rd=2;v3@rd=4}" 60 150
+    sweep ring2 mbv2-dw3x3-bf16-cl "${VR2:-v3@fring=0;v3@frd=2;v3@frd=3;v3}" 60 150
+    ;;
 conform)
     OUT=$R CONF_S=${CONF_S:-150} BENCH_S=1 bash scripts/gpu/depthwise_device.sh > $R/conformance-summary.txt 2>&1
     tail -16 $R/conformance-summary.txt; pack
@@ -54,7 +61,7 @@ conform)
     tail -26 $R/rows/log.txt; pack ;;
 bench)
     ROWS='mbv2-dw3x3,mbv2-dw3x3-bf16,mbv2-dw3x3-bf16-cl,mbv2-dw3x3-s2,mbv2-dw3x3-last,mbv2-dw3x3-b1,dw3d-3x3x3'
-    for m in call held; do
+    for m in ${BENCH_MODES:-call held}; do
         extra=""; [ $m = held ] && extra=--hold-stream
         timeout 270 python3 -m portconv.cli bench --rows "$ROWS" --backend cuda,auto --cell-seconds 2 \
             --no-torch-variants $extra --out $R/bench-$m > $R/bench-$m.log 2>&1

@@ -117,3 +117,17 @@ template <typename V>
 inline void pc_st_vec(V *p, const V &v) {
     *p = v;
 }
+
+/* Note [async copies] of cuda/prelude.cuh: synchronous copies here (no cp.async). */
+#define PC_ASYNC_COPY 0
+template <int BYTES>
+struct pc_cp_block {
+    alignas(BYTES) unsigned char b[BYTES];
+};
+template <int BYTES>
+inline void pc_cp_async(void *dst, const void *src, bool ok) {
+    *(pc_cp_block<BYTES> *)dst = ok ? *(const pc_cp_block<BYTES> *)src : pc_cp_block<BYTES>{};
+}
+inline void pc_cp_async_commit() {}
+template <int N>
+inline void pc_cp_async_wait() {}
