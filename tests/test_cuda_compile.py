@@ -324,9 +324,9 @@ def _depthwise_all_dtypes(emu_backend, case):
                          ids=["no-lookahead", "pf-swapped", "unpacked", "ring2", "ring4"])
 def test_depthwise_tile_switches_on_cpu(emu_backend, extra, monkeypatch):
     """The tile kernels' compile-time switches that keep the tile shape (Note [row lookahead] off, prefetch or
-    rolling window per dtype class swapped, Note [packed rows] off, Note [async row ring] on in every kernel that has it, with 2 and 4 slots: the
-    CPU prelude copies synchronously, so the ring is off there by default) stay correct: every DW3 case, tiles
-    everywhere, every dtype. The defaults run in test_depthwise_v3_bodies_on_cpu."""
+    rolling window per dtype class swapped, Note [packed rows] off, Note [async row ring] on in every kernel that has
+    it, with 2 and 4 slots: the CPU prelude copies synchronously, so the ring is off there by default) stay correct:
+    every DW3 case, tiles everywhere, every dtype. The defaults run in test_depthwise_v3_bodies_on_cpu."""
     init = cuda._Run.__init__
 
     def with_defines(self, *args, **kw):
