@@ -258,6 +258,35 @@ PC_DEVICE void pc_dwt_store(pc_t *PC_RESTRICT dst, pc_idx o, pc_idx ds4, pc_idx 
     }
 }
 
+/* Note [async row ring], the two halves every ring walk shares. Copy: one source row's WIN vectors into slot sl,
+ * sl[u * THREADS] <- src[base + (b2 + u) * s4], zeros where !rok or the column is outside [0, E2). */
+template <int WIN, typename V>
+PC_DEVICE void pc_dwt_ring_copy(V *sl, const pc_t *src, pc_idx base, bool rok, pc_idx b2, pc_idx E2, pc_idx s4) {
+#pragma unroll
+    for (int u = 0; u < WIN; ++u) {
+        const pc_idx i2 = b2 + u;
+        const bool ok = rok && i2 >= 0 && i2 < E2;
+        pc_cp_async<sizeof(V)>(sl + u * PC_DWT_THREADS, ok ? src + base + i2 * s4 : src, ok);
+    }
+}
+
+/* Roll: the 3-row window moves down one row, row 2 <- the WIN vectors of slot sl. */
+template <int VC, int WIN>
+PC_DEVICE void pc_dwt_ring_roll(pc_acc_t (&row)[3][WIN][VC], const pc_vec<pc_t, VC> *sl) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int w = 0; w < WIN; ++w)
+#pragma unroll
+            for (int j = 0; j < VC; ++j) row[r][w][j] = row[r + 1][w][j];
+#pragma unroll
+    for (int w = 0; w < WIN; ++w) {
+        const pc_vec<pc_t, VC> v = sl[w * PC_DWT_THREADS];
+#pragma unroll
+        for (int j = 0; j < VC; ++j) row[2][w][j] = (pc_acc_t)pc_ld(v.v, j);
+    }
+}
+
 /* Note [async row ring] in the 2-D channels-last forward / stride-1 backward-data (PC_DWT_FRING): the tile's NR
  * source rows stream through RD slots of WIN vectors, RD - 1 rows ahead of the row being multiplied, in place of
  * the register lookahead; each output row is stored when its three source rows are in. */
@@ -274,13 +303,7 @@ PC_DEVICE void pc_dwt_conv_ring(const pc_t *PC_RESTRICT src, pc_idx rb, pc_idx b
         if (q < NR) {
             V *sl = mine + (q % RD) * WIN * L;
             const pc_idx i1 = b1 + q;
-            const bool rok = i1 >= 0 && i1 < E1;
-#pragma unroll
-            for (int u = 0; u < WIN; ++u) {
-                const pc_idx i2 = b2 + u;
-                const bool ok = rok && i2 >= 0 && i2 < E2;
-                pc_cp_async<sizeof(V)>(sl + u * L, ok ? src + rb + i1 * ss3 + i2 * ss4 : src, ok);
-            }
+            pc_dwt_ring_copy<WIN>(sl, src, rb + i1 * ss3, i1 >= 0 && i1 < E1, b2, E2, ss4);
         }
         pc_cp_async_commit();
     };
@@ -291,18 +314,7 @@ PC_DEVICE void pc_dwt_conv_ring(const pc_t *PC_RESTRICT src, pc_idx rb, pc_idx b
     for (int q = 0; q < NR; ++q) {
         pc_cp_async_wait<RD - 2>(); /* source row q has landed */
         const V *sl = mine + (q % RD) * WIN * L;
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-#pragma unroll
-            for (int w = 0; w < WIN; ++w)
-#pragma unroll
-                for (int j = 0; j < VC; ++j) row[r][w][j] = row[r + 1][w][j];
-#pragma unroll
-        for (int w = 0; w < WIN; ++w) {
-            const V v = sl[w * L];
-#pragma unroll
-            for (int j = 0; j < VC; ++j) row[2][w][j] = (pc_acc_t)pc_ld(v.v, j);
-        }
+        pc_dwt_ring_roll<VC, WIN>(row, sl);
         issue(q + RD - 1); /* into the slot read one row ago */
         if (q >= 2 && (q - 2) % S == 0) {
             const int t = (q - 2) / S;
@@ -500,13 +512,7 @@ PC_DEVICE void pc_dwt_wring(pc_acc_t (&acc)[9][VC], const pc_conv_args &a, pc_id
             if (q < NR) {
                 V *sl = mine + (q % RD) * NV * L;
                 const pc_idx i1 = b1 + q;
-                const bool rok = u0 && i1 >= 0 && i1 < X1;
-#pragma unroll
-                for (int u = 0; u < WIN; ++u) {
-                    const pc_idx i2 = b2 + u;
-                    const bool ok = rok && i2 >= 0 && i2 < X2;
-                    pc_cp_async<sizeof(V)>(sl + u * L, ok ? x + xr + i1 * xs3 + i2 * xs4 : x, ok);
-                }
+                pc_dwt_ring_copy<WIN>(sl, x, xr + i1 * xs3, u0 && i1 >= 0 && i1 < X1, b2, X2, xs4);
                 if (q >= 2 && (q - 2) % S == 0) {
                     const pc_idx o1 = o1s + (q - 2) / S;
 #pragma unroll
@@ -525,18 +531,7 @@ PC_DEVICE void pc_dwt_wring(pc_acc_t (&acc)[9][VC], const pc_conv_args &a, pc_id
         for (int q = 0; q < NR; ++q) {
             pc_cp_async_wait<RD - 2>(); /* step q has landed */
             const V *sl = mine + (q % RD) * NV * L;
-#pragma unroll
-            for (int r = 0; r < 2; ++r)
-#pragma unroll
-                for (int w = 0; w < WIN; ++w)
-#pragma unroll
-                    for (int j = 0; j < VC; ++j) row[r][w][j] = row[r + 1][w][j];
-#pragma unroll
-            for (int w = 0; w < WIN; ++w) {
-                const V v = sl[w * L];
-#pragma unroll
-                for (int j = 0; j < VC; ++j) row[2][w][j] = (pc_acc_t)pc_ld(v.v, j);
-            }
+            pc_dwt_ring_roll<VC, WIN>(row, sl);
             const bool has_g = q >= 2 && (q - 2) % S == 0;
             pc_acc_t g[VW][VC];
 #pragma unroll
