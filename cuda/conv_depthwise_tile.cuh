@@ -77,7 +77,7 @@
 #define PC_DWT_RING PC_ASYNC_COPY /* Note [async row ring] in the 16-bit channels-last weight gradient (0: off) */
 #endif
 #ifndef PC_DWT_RD
-#define PC_DWT_RD 2 /* its slots: RD - 1 steps in flight (2 .. 4; 4 fills 48 KB) */
+#define PC_DWT_RD 4 /* its slots: RD - 1 steps in flight (2 .. 4; 4 fills 48 KB, stride 2 gets 3) */
 #endif
 /* Shared memory of a weight-gradient block: the reduction's RT x THREADS partials, or the ring if larger. */
 #define PC_DWT_POOL_RED (18 * PC_DWT_THREADS * (int)sizeof(pc_acc_t))
@@ -88,11 +88,19 @@
 #define PC_DWT_FRING PC_ASYNC_COPY /* the ring in the 2-D channels-last forward / backward-data (0: off) */
 #endif
 #ifndef PC_DWT_FRD
-#define PC_DWT_FRD 4 /* its slots (2 .. 4) */
+#define PC_DWT_FRD 4 /* its slots (2 .. 4), also those of the NCHW rings */
+#endif
+#ifndef PC_DWT_NRING
+#define PC_DWT_NRING PC_ASYNC_COPY /* the ring in the 2-D NCHW 16-bit stride-1 forward / backward-data (0: off) */
 #endif
 #define PC_DWT_THW(VC) ((VC) >= 4 ? PC_DWT_THW4 : 2)
 #define PC_DWT_VWW(VC) ((VC) >= 4 ? PC_DWT_VWW4 : 4)
 #define PC_DWT_THREADS 256 /* block size of the weight gradient (cuda.py THREADS) */
+/* Note [two weight blocks]: resident blocks per SM the 2-D weight-gradient kernels ask ptxas for (16-bit types:
+ * 2, i.e. at most 128 registers; NVRTC gave them 130 uncapped, one block and 8 warps an SM). */
+#ifndef PC_DWT_WMINB
+#define PC_DWT_WMINB (PC_DTYPE >= 2 ? 2 : 1)
+#endif
 
 /* An aligned group of N elements: one vector access through the prelude's pc_ld_vec / pc_st_vec. */
 template <typename T, int N>
@@ -287,23 +295,77 @@ PC_DEVICE void pc_dwt_ring_roll(pc_acc_t (&row)[3][WIN][VC], const pc_vec<pc_t, 
     }
 }
 
-/* Note [async row ring] in the 2-D channels-last forward / stride-1 backward-data (PC_DWT_FRING): the tile's NR
- * source rows stream through RD slots of WIN vectors, RD - 1 rows ahead of the row being multiplied, in place of
- * the register lookahead; each output row is stored when its three source rows are in. */
-template <int S, int VC, int VW, int TH, int RD>
+/* The same two halves for packed rows (Note [packed rows]): NP aligned pairs from a0 = b2 - (PK - 1). A pair is
+ * wholly inside or wholly outside the row except the last of a row of odd length, which is loaded here
+ * synchronously (its second element zero; cp.async moves 4 bytes at least). At stride 1, the only stride with the
+ * ring, an odd row length needs even strides on both sides, which portconv's dense outputs never have: the branch
+ * keeps the copy correct for any caller, and no test reaches it. */
+template <int WIN, int PK>
+PC_DEVICE void pc_dwt_ring_copy_pk(pc_vec<pc_t, 2> *sl, const pc_t *src, pc_idx base, bool rok, pc_idx b2,
+                                   pc_idx E2) {
+    constexpr int OFF = PK - 1, NP = (WIN + PK) / 2;
+#pragma unroll
+    for (int k = 0; k < NP; ++k) {
+        const pc_idx i = b2 - OFF + 2 * k;
+        if (rok && i == E2 - 1) {
+            pc_vec<pc_t, 2> v;
+            pc_st(v.v, 0, (pc_acc_t)pc_ld(src, base + i));
+            pc_st(v.v, 1, (pc_acc_t)0);
+            sl[k * PC_DWT_THREADS] = v;
+        } else {
+            const bool ok = rok && i >= 0 && i + 1 < E2;
+            pc_cp_async<4>(sl + k * PC_DWT_THREADS, ok ? src + base + i : src, ok);
+        }
+    }
+}
+
+template <int WIN, int PK>
+PC_DEVICE void pc_dwt_ring_roll_pk(pc_acc_t (&row)[3][WIN][1], const pc_vec<pc_t, 2> *sl) {
+    constexpr int OFF = PK - 1, NP = (WIN + PK) / 2;
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int w = 0; w < WIN; ++w) row[r][w][0] = row[r + 1][w][0];
+    pc_acc_t tmp[2 * NP];
+#pragma unroll
+    for (int k = 0; k < NP; ++k) {
+        const pc_vec<pc_t, 2> v = sl[k * PC_DWT_THREADS];
+        tmp[2 * k] = (pc_acc_t)pc_ld(v.v, 0);
+        tmp[2 * k + 1] = (pc_acc_t)pc_ld(v.v, 1);
+    }
+#pragma unroll
+    for (int w = 0; w < WIN; ++w) row[2][w][0] = tmp[w + OFF];
+}
+
+/* Shared-memory bytes of the forward / backward-data ring of a block (0: no ring), the one pool of a kernel. */
+template <int S, int VC, int VW, int PK>
+PC_DEVICE constexpr int pc_dwt_ring_bytes(bool on) {
+    constexpr int WIN = (VW - 1) * S + 3;
+    return on ? PC_DWT_FRD * (PK ? (WIN + PK) / 2 * 2 : WIN * VC) * PC_DWT_THREADS * (int)sizeof(pc_t) : 0;
+}
+
+/* Note [async row ring] in the 2-D forward / stride-1 backward-data: the tile's NR source rows stream through RD
+ * slots, RD - 1 rows ahead of the row being multiplied, in place of the register lookahead; each output row is
+ * stored when its three source rows are in. Slots hold WIN vectors of VC channels (channels-last, PC_DWT_FRING) or
+ * (WIN + PK) / 2 aligned pairs of a 16-bit NCHW row (Note [packed rows], PC_DWT_NRING). Measured in
+ * docs/performance/notes-depthwise-v3.md "v6" and "v7" (float32 rows and 3-D tiles: slower, not kept). */
+template <int S, int VC, int VW, int TH, int RD, int PK>
 PC_DEVICE void pc_dwt_conv_ring(const pc_t *PC_RESTRICT src, pc_idx rb, pc_idx b1, pc_idx b2, pc_idx E1, pc_idx E2,
                                 pc_idx ss3, pc_idx ss4, const pc_acc_t (&wv)[3][3][VC], const pc_acc_t (&bias)[VC],
                                 pc_t *PC_RESTRICT dst, pc_idx o, pc_idx rows, pc_idx left, pc_idx ds3, pc_idx ds4,
-                                pc_vec<pc_t, VC> *ring) {
-    typedef pc_vec<pc_t, VC> V;
-    constexpr int WIN = (VW - 1) * S + 3, NR = (TH - 1) * S + 3, L = PC_DWT_THREADS;
+                                void *pool) {
+    typedef pc_vec<pc_t, PK ? 2 : VC> V;
+    constexpr int WIN = (VW - 1) * S + 3, NR = (TH - 1) * S + 3, L = PC_DWT_THREADS, NV = PK ? (WIN + PK) / 2 : WIN;
     static_assert(RD >= 2, "the ring needs two slots");
-    V *mine = ring + threadIdx.x;
+    V *mine = (V *)pool + threadIdx.x;
     auto issue = [&](int q) {
         if (q < NR) {
-            V *sl = mine + (q % RD) * WIN * L;
+            V *sl = mine + (q % RD) * NV * L;
             const pc_idx i1 = b1 + q;
-            pc_dwt_ring_copy<WIN>(sl, src, rb + i1 * ss3, i1 >= 0 && i1 < E1, b2, E2, ss4);
+            if constexpr (PK != 0)
+                pc_dwt_ring_copy_pk<WIN, PK>(sl, src, rb + i1 * ss3, i1 >= 0 && i1 < E1, b2, E2);
+            else
+                pc_dwt_ring_copy<WIN>(sl, src, rb + i1 * ss3, i1 >= 0 && i1 < E1, b2, E2, ss4);
         }
         pc_cp_async_commit();
     };
@@ -313,16 +375,19 @@ PC_DEVICE void pc_dwt_conv_ring(const pc_t *PC_RESTRICT src, pc_idx rb, pc_idx b
 #pragma unroll
     for (int q = 0; q < NR; ++q) {
         pc_cp_async_wait<RD - 2>(); /* source row q has landed */
-        const V *sl = mine + (q % RD) * WIN * L;
-        pc_dwt_ring_roll<VC, WIN>(row, sl);
+        const V *sl = mine + (q % RD) * NV * L;
+        if constexpr (PK != 0)
+            pc_dwt_ring_roll_pk<WIN, PK>(row, sl);
+        else
+            pc_dwt_ring_roll<VC, WIN>(row, sl);
         issue(q + RD - 1); /* into the slot read one row ago */
         if (q >= 2 && (q - 2) % S == 0) {
             const int t = (q - 2) / S;
-            pc_acc_t acc[VW][VC];
+            pc_acc_t a[VW][VC];
 #pragma unroll
             for (int v = 0; v < VW; ++v)
 #pragma unroll
-                for (int j = 0; j < VC; ++j) acc[v][j] = 0;
+                for (int j = 0; j < VC; ++j) a[v][j] = 0;
 #pragma unroll
             for (int r1 = 0; r1 < 3; ++r1)
 #pragma unroll
@@ -330,8 +395,8 @@ PC_DEVICE void pc_dwt_conv_ring(const pc_t *PC_RESTRICT src, pc_idx rb, pc_idx b
 #pragma unroll
                     for (int v = 0; v < VW; ++v)
 #pragma unroll
-                        for (int j = 0; j < VC; ++j) acc[v][j] += row[r1][v * S + r2][j] * wv[r1][r2][j];
-            if (t < rows) pc_dwt_store<VC, VW>(dst, o + t * ds3, ds4, left, acc, bias);
+                        for (int j = 0; j < VC; ++j) a[v][j] += row[r1][v * S + r2][j] * wv[r1][r2][j];
+            if (t < rows) pc_dwt_store<VC, VW, PK>(dst, o + t * ds3, ds4, left, a, bias);
         }
     }
     pc_cp_async_wait<0>();
@@ -340,8 +405,8 @@ PC_DEVICE void pc_dwt_conv_ring(const pc_t *PC_RESTRICT src, pc_idx rb, pc_idx b
 /* Forward (BWD false: X -> Y, stride S) or stride-1 backward-data (BWD true: dY -> dX, flipped filter).
  * ONE0: the view has one tap on axis 0 (2-D and 1-D problems): each tile row is stored as soon as it is done,
  * so only one row of accumulators is live; else every tile row accumulates over the axis-0 taps first. */
-template <int S, bool BWD, int VC, bool ONE0, int VW, int TH, bool PF, int PK = 0>
-PC_DEVICE void pc_dwt_conv(const pc_conv_args &a) {
+template <int S, bool BWD, int VC, bool ONE0, int VW, int TH, bool PF, int PK = 0, bool RING = false>
+PC_DEVICE void pc_dwt_conv(const pc_conv_args &a, void *pool) {
     constexpr int WIN = (VW - 1) * S + 3, TA = ONE0 ? 1 : TH;
     const pc_t *PC_RESTRICT src = (const pc_t *)(BWD ? a.y : a.x);
     pc_t *PC_RESTRICT dst = (pc_t *)(BWD ? a.x : a.y);
@@ -399,11 +464,10 @@ PC_DEVICE void pc_dwt_conv(const pc_conv_args &a) {
                         wv[r1][r2][j] = (pc_acc_t)pc_ld(w, (c + j) * ws0 + r0 * ws2 + (BWD ? 2 - r1 : r1) * ws3 +
                                                                (BWD ? 2 - r2 : r2) * ws4);
             const pc_idx rb = n * ss0 + c * ss1 + i0 * ss2;
-            if constexpr (PC_DWT_FRING && ONE0 && VC > 1 && !PF && PK == 0) { /* Note [async row ring] */
-                PC_SHARED pc_vec<pc_t, VC> ring[PC_DWT_FRD * ((VW - 1) * S + 3) * PC_DWT_THREADS];
-                pc_dwt_conv_ring<S, VC, VW, TH, PC_DWT_FRD>(src, rb, b1, b2, E1, E2, ss3, ss4, wv, bias, dst,
-                                                            db + d1s * ds3 + d2s * ds4, D1 - d1s, D2 - d2s, ds3, ds4,
-                                                            ring);
+            if constexpr (RING) { /* Note [async row ring] (ONE0) */
+                pc_dwt_conv_ring<S, VC, VW, TH, PC_DWT_FRD, PK>(src, rb, b1, b2, E1, E2, ss3, ss4, wv, bias, dst,
+                                                                db + d1s * ds3 + d2s * ds4, D1 - d1s, D2 - d2s, ds3,
+                                                                ds4, pool);
                 continue;
             }
             /* PF: all TH + 2 source rows are loaded up front (every load of the tile in flight at once); else a
@@ -461,12 +525,19 @@ PC_DEVICE void pc_dwt_conv_any(const pc_conv_args &a) {
     constexpr int VW = CLV ? PC_DWT_VWC : !ONE0 ? PC_DWT_VW3 : N16 ? PC_DWT_VWN16 : PC_DWT_VWN;
     constexpr int TH = CLV ? (ONE0 ? PC_DWT_THC : PC_DWT_THC3) : !ONE0 ? PC_DWT_TH3 : N16 ? PC_DWT_THN16 : PC_DWT_THN;
     constexpr bool PF = !CLV && ONE0 && S == 1 && (N16 ? PC_DWT_PF16 : PC_DWT_PF); /* channels-last rolls its window */
+    /* Note [async row ring]: 2-D channels-last vectors or 2-D NCHW packed 16-bit rows; one pool per kernel */
+    constexpr bool RV = CLV && ONE0 && VC > 1 && PC_DWT_FRING;
+    constexpr bool RP = N16 && S == 1 && !PF && VW % 2 == 0 && PC_DWT_PK && PC_DWT_NRING; /* stride 2: not measured */
+    constexpr int B0 = pc_dwt_ring_bytes<S, VC, VW, 0>(RV), B1 = pc_dwt_ring_bytes<S, 1, VW, 2>(RP);
+    constexpr int B = B0 > B1 ? B0 : B1;
+    PC_SHARED pc_vec<unsigned, 4> pool[B > 0 ? B / 16 : 1];
     if (CLV && VC > 1 && pc_dwt_vec_ok<VC>(a))
-        pc_dwt_conv<S, BWD, (CLV ? VC : 1), ONE0, VW, TH, PF>(a);
+        pc_dwt_conv<S, BWD, (CLV ? VC : 1), ONE0, VW, TH, PF, 0, RV>(a, pool);
     else if (N16 && VW % 2 == 0 && PC_DWT_PK && pc_dwt_pk_ok(a)) /* b2's parity is P2's (stride-1 bwd: 2 - P2) */
-        (a.P[2] & 1) ? pc_dwt_conv<S, BWD, 1, ONE0, VW, TH, PF, 2>(a) : pc_dwt_conv<S, BWD, 1, ONE0, VW, TH, PF, 1>(a);
+        (a.P[2] & 1) ? pc_dwt_conv<S, BWD, 1, ONE0, VW, TH, PF, 2, RP>(a, pool)
+                     : pc_dwt_conv<S, BWD, 1, ONE0, VW, TH, PF, 1, RP>(a, pool);
     else
-        pc_dwt_conv<S, BWD, 1, ONE0, VW, TH, PF>(a);
+        pc_dwt_conv<S, BWD, 1, ONE0, VW, TH, PF>(a, pool);
 }
 
 /* Weight gradient, channels-last, R0C x 3 x 3 filters (R0C = 1 or 3, dilation 1 on axis 0 when 3), in-plane
@@ -477,20 +548,22 @@ PC_DEVICE void pc_dwt_conv_any(const pc_conv_args &a) {
 PC_DEVICE pc_idx pc_dwt_channel_tile(pc_idx CV) { return CV % 16 == 0 ? 16 : CV < 8 ? CV : 8; }
 
 /* Note [async row ring]: the 16-bit channels-last weight gradient walks its units (TH x VW positions of VC channels)
- * as a stream of steps, one per source row q of a unit (NR = (TH - 1) S + 3 of them): step q brings X row q's WIN
+ * as one stream of steps, one per source row q of a unit (NR = (TH - 1) S + 3 of them): step q brings X row q's WIN
  * vectors and, where q >= 2 and (q - 2) % S == 0, dY row (q - 2) / S's VW vectors. Each thread copies its own steps
  * into its own slots of a shared-memory ring with the prelude's pc_cp_async (Note [async copies]; zeros outside the
  * image), RD - 1 steps ahead of the step it multiplies: the loads are in flight without holding registers, where
- * a register lookahead (v5) cost 33 registers and half the blocks. No thread reads another's slot, so no barrier is
- * needed until the ring's memory is reused for the reduction. Where the copies are synchronous (PC_ASYNC_COPY 0) the
- * ring is off by default and the rolling window loads directly. Slot k, vector v of thread i: ring[(k NV + v)
- * THREADS + i], so a warp's accesses are consecutive 8-byte words. */
+ * a register lookahead (v5) cost 33 registers and half the blocks. The stream runs across units (v7): the last
+ * steps of a unit issue the first steps of the thread's next unit, so no unit starts with an empty ring; only the
+ * issuing side keeps a unit's addresses. No thread reads another's slot, so no barrier is needed until the ring's
+ * memory is reused for the reduction. Where the copies are synchronous (PC_ASYNC_COPY 0) the ring is off by default
+ * and the rolling window loads directly. Slot k, vector v of thread i: ring[(k NV + v) THREADS + i], so a warp's
+ * accesses are consecutive 8-byte words. */
 template <int S, int VC, int TH, int VW, int RD>
 PC_DEVICE void pc_dwt_wring(pc_acc_t (&acc)[9][VC], const pc_conv_args &a, pc_idx lo, pc_idx hi, pc_idx pg,
                             pc_idx PG, pc_idx c, pc_vec<pc_t, VC> *ring) {
     typedef pc_vec<pc_t, VC> V;
     constexpr int WIN = (VW - 1) * S + 3, NR = (TH - 1) * S + 3, NV = WIN + VW, L = PC_DWT_THREADS;
-    static_assert(RD >= 2, "the ring needs two slots");
+    static_assert(RD >= 2 && RD - 1 <= NR, "the ring needs two slots and at most a unit in flight");
     const pc_t *PC_RESTRICT x = (const pc_t *)a.x;
     const pc_t *PC_RESTRICT dy = (const pc_t *)a.y;
     const pc_idx Y0 = (pc_idx)a.Y[0], Y1 = (pc_idx)a.Y[1], Y2 = (pc_idx)a.Y[2];
@@ -498,39 +571,50 @@ PC_DEVICE void pc_dwt_wring(pc_acc_t (&acc)[9][VC], const pc_conv_args &a, pc_id
     const pc_idx xs3 = (pc_idx)a.xs[3], xs4 = (pc_idx)a.xs[4], ys3 = (pc_idx)a.ys[3], ys4 = (pc_idx)a.ys[4];
     const pc_idx T1 = (Y1 + TH - 1) / TH, NS = (Y2 + VW - 1) / VW;
     V *mine = ring + threadIdx.x;
-    for (pc_idx e = lo + pg; e < hi; e += PG) {
+    /* the issuing side: unit ie and its addresses */
+    pc_idx ie = lo + pg, o1s = 0, o2s = 0, b1 = 0, b2 = 0, xr = 0, yr = 0;
+    bool u0 = false;
+    auto unit = [&]() {
         pc_idx n, o0, t1, st;
-        pc_unflatten4(e, Y0, T1, NS, n, o0, t1, st);
-        const pc_idx o1s = t1 * TH, o2s = st * VW;
-        const pc_idx b1 = o1s * S - (pc_idx)a.P[1], b2 = o2s * S - (pc_idx)a.P[2];
+        pc_unflatten4(ie, Y0, T1, NS, n, o0, t1, st);
+        o1s = t1 * TH;
+        o2s = st * VW;
+        b1 = o1s * S - (pc_idx)a.P[1];
+        b2 = o2s * S - (pc_idx)a.P[2];
         const pc_idx i0 = o0 * (pc_idx)a.S[0] - (pc_idx)a.P[0];
-        const bool u0 = i0 >= 0 && i0 < X0;
-        const pc_idx xr = n * (pc_idx)a.xs[0] + c * (pc_idx)a.xs[1] + i0 * (pc_idx)a.xs[2];
-        const pc_idx yr = n * (pc_idx)a.ys[0] + c * (pc_idx)a.ys[1] + o0 * (pc_idx)a.ys[2];
-        /* step q of the unit into slot q % RD; a step past the unit commits an empty group (the count stays even) */
-        auto issue = [&](int q) {
-            if (q < NR) {
-                V *sl = mine + (q % RD) * NV * L;
-                const pc_idx i1 = b1 + q;
-                pc_dwt_ring_copy<WIN>(sl, x, xr + i1 * xs3, u0 && i1 >= 0 && i1 < X1, b2, X2, xs4);
-                if (q >= 2 && (q - 2) % S == 0) {
-                    const pc_idx o1 = o1s + (q - 2) / S;
+        u0 = i0 >= 0 && i0 < X0;
+        xr = n * (pc_idx)a.xs[0] + c * (pc_idx)a.xs[1] + i0 * (pc_idx)a.xs[2];
+        yr = n * (pc_idx)a.ys[0] + c * (pc_idx)a.ys[1] + o0 * (pc_idx)a.ys[2];
+    };
+    int is = 0, cs = 0; /* the slots of the next issue and of the next step multiplied */
+    /* step q of unit ie into slot is; past the thread's last unit it commits an empty group (the count stays even) */
+    auto issue = [&](int q) {
+        if (ie < hi) {
+            V *sl = mine + is * NV * L;
+            const pc_idx i1 = b1 + q;
+            pc_dwt_ring_copy<WIN>(sl, x, xr + i1 * xs3, u0 && i1 >= 0 && i1 < X1, b2, X2, xs4);
+            if (q >= 2 && (q - 2) % S == 0) {
+                const pc_idx o1 = o1s + (q - 2) / S;
 #pragma unroll
-                    for (int v = 0; v < VW; ++v) {
-                        const bool ok = u0 && o1 < Y1 && o2s + v < Y2;
-                        pc_cp_async<sizeof(V)>(sl + (WIN + v) * L, ok ? dy + yr + o1 * ys3 + (o2s + v) * ys4 : dy, ok);
-                    }
+                for (int v = 0; v < VW; ++v) {
+                    const bool ok = u0 && o1 < Y1 && o2s + v < Y2;
+                    pc_cp_async<sizeof(V)>(sl + (WIN + v) * L, ok ? dy + yr + o1 * ys3 + (o2s + v) * ys4 : dy, ok);
                 }
             }
-            pc_cp_async_commit();
-        };
+        }
+        pc_cp_async_commit();
+        is = is + 1 == RD ? 0 : is + 1;
+    };
+    if (ie < hi) unit();
 #pragma unroll
-        for (int q = 0; q < RD - 1; ++q) issue(q);
+    for (int q = 0; q < RD - 1; ++q) issue(q);
+    for (pc_idx e = lo + pg; e < hi; e += PG) {
         pc_acc_t row[3][WIN][VC];
 #pragma unroll
         for (int q = 0; q < NR; ++q) {
             pc_cp_async_wait<RD - 2>(); /* step q has landed */
-            const V *sl = mine + (q % RD) * NV * L;
+            const V *sl = mine + cs * NV * L;
+            cs = cs + 1 == RD ? 0 : cs + 1;
             pc_dwt_ring_roll<VC, WIN>(row, sl);
             const bool has_g = q >= 2 && (q - 2) % S == 0;
             pc_acc_t g[VW][VC];
@@ -540,11 +624,16 @@ PC_DEVICE void pc_dwt_wring(pc_acc_t (&acc)[9][VC], const pc_conv_args &a, pc_id
 #pragma unroll
                 for (int j = 0; j < VC; ++j) g[v][j] = (pc_acc_t)pc_ld(gv.v, j);
             }
-            issue(q + RD - 1); /* into the slot read one step ago */
+            const int QI = q + RD - 1; /* the step issued now, into the slot read one step ago */
+            if (QI == NR) { /* into the thread's next unit */
+                ie += PG;
+                if (ie < hi) unit();
+            }
+            issue(QI < NR ? QI : QI - NR);
             if (has_g) pc_dwt_wacc<S>(acc, 0, g, row, 0);
         }
-        pc_cp_async_wait<0>();
     }
+    pc_cp_async_wait<0>();
 }
 
 template <int R0C, int S, int VC>
@@ -707,10 +796,10 @@ PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_data_tile3d_s1(const
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_data_tilen3d_s1(const pc_conv_args a) {
     pc_dwt_conv_any<1, true, false, false>(a);
 }
-PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_weight_tile2d_s1(const pc_conv_args a) {
+PC_KERNEL void PC_LAUNCH_BOUNDS_MIN(256, PC_DWT_WMINB) portconv_depthwise_bwd_weight_tile2d_s1(const pc_conv_args a) {
     pc_dwt_bwd_weight_any<1, 1>(a);
 }
-PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_weight_tile2d_s2(const pc_conv_args a) {
+PC_KERNEL void PC_LAUNCH_BOUNDS_MIN(256, PC_DWT_WMINB) portconv_depthwise_bwd_weight_tile2d_s2(const pc_conv_args a) {
     pc_dwt_bwd_weight_any<1, 2>(a);
 }
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_weight_tile3d_s1(const pc_conv_args a) {

@@ -12,6 +12,8 @@
 #define PC_VENDOR_CUDA 1
 #define PC_KERNEL extern "C" __global__
 #define PC_LAUNCH_BOUNDS(threads) __launch_bounds__(threads)
+/* ... and at least `blocks` resident blocks per SM: ptxas keeps the registers to 65536 / (threads x blocks) */
+#define PC_LAUNCH_BOUNDS_MIN(threads, blocks) __launch_bounds__(threads, blocks)
 #define PC_DEVICE __device__ __forceinline__
 #define PC_SHARED __shared__
 #define PC_RESTRICT __restrict__

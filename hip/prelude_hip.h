@@ -12,6 +12,8 @@
 
 #define PC_KERNEL extern "C" __global__
 #define PC_LAUNCH_BOUNDS(threads) __launch_bounds__(threads)
+/* HIP's second __launch_bounds__ argument is not CUDA's (waves per execution unit on AMD): no register cap here */
+#define PC_LAUNCH_BOUNDS_MIN(threads, blocks) __launch_bounds__(threads)
 #define PC_DEVICE __device__ __forceinline__
 #define PC_SHARED __shared__
 #define PC_RESTRICT __restrict__

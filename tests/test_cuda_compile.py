@@ -276,10 +276,12 @@ DW3_CASES = [
     EmuCase(2, 2, 4, 4, 10, 3, padding=1, groups=4),  # odd P (window starts odd), last strip 2 of 4 columns
     EmuCase(2, 1, 3, 3, 12, 3, padding=2, groups=3),  # even P, 14 output columns
     EmuCase(2, 1, 4, 4, 9, 3, stride=2, padding=0, groups=4, layout="rowpad"),  # 9 of 10: a pair crosses the end
+    EmuCase(2, 1, 4, 4, 9, 3, padding=1, groups=4, layout="rowpad"),  # stride 1, X rows 9 of 10, dense Y: unpacked
     EmuCase(2, 1, 2, 2, 10, 3, stride=2, padding=1, groups=2),  # 5 output columns: Y's rows odd, scalar fallback
     EmuCase(3, 1, 2, 2, 7, 3, stride=2, padding=1, groups=2, layout="chlast"),  # tile 3-D, stride 2
     EmuCase(3, 1, 3, 3, 10, 3, padding=1, groups=3),  # NCHW 3-D under 'all': 10 rows, a part-filled 8-row tile
     EmuCase(2, 2, 2, 2, 5, 3, padding=1, groups=2),  # NCHW 2-D under 'all': 5 rows, fewer than a tile's 8
+    EmuCase(2, 2, 64, 64, 18, 3, padding=1, groups=64, layout="chlast"),  # 16-bit: 3-4 weight units a thread
 ]
 
 
@@ -319,8 +321,10 @@ def _depthwise_all_dtypes(emu_backend, case):
 
 
 @pytest.mark.parametrize("extra", [{"PC_DWT_LA": 0}, {"PC_DWT_PF": 0, "PC_DWT_PF16": 1}, {"PC_DWT_PK": 0},
-                                   {"PC_DWT_RING": 1, "PC_DWT_RD": 2, "PC_DWT_FRING": 1, "PC_DWT_FRD": 4},
-                                   {"PC_DWT_RING": 1, "PC_DWT_RD": 4, "PC_DWT_FRING": 1, "PC_DWT_FRD": 2}],
+                                   {"PC_DWT_RING": 1, "PC_DWT_RD": 2, "PC_DWT_FRING": 1, "PC_DWT_FRD": 4,
+                                    "PC_DWT_NRING": 1},
+                                   {"PC_DWT_RING": 1, "PC_DWT_RD": 4, "PC_DWT_FRING": 1, "PC_DWT_FRD": 2,
+                                    "PC_DWT_NRING": 1}],
                          ids=["no-lookahead", "pf-swapped", "unpacked", "ring2", "ring4"])
 def test_depthwise_tile_switches_on_cpu(emu_backend, extra, monkeypatch):
     """The tile kernels' compile-time switches that keep the tile shape (Note [row lookahead] off, prefetch or

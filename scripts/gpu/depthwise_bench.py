@@ -154,7 +154,8 @@ KNOBS = {  # variant key: (-D define, the cuda.DW_TILE entries.index the host si
     "vwc": ("PC_DWT_VWC", "cl.1+cl3d.1", False), "la": ("PC_DWT_LA", None, False),
     "thw4": ("PC_DWT_THW4", "w4.0", True), "vww4": ("PC_DWT_VWW4", "w4.1", True),
     "ring": ("PC_DWT_RING", None, True), "rd": ("PC_DWT_RD", None, True),
-    "fring": ("PC_DWT_FRING", None, False), "frd": ("PC_DWT_FRD", None, False)}
+    "fring": ("PC_DWT_FRING", None, False), "frd": ("PC_DWT_FRD", None, False),
+    "wminb": ("PC_DWT_WMINB", None, True), "nring": ("PC_DWT_NRING", None, True)}
 SAVED = {k: dict(getattr(cuda, k)) for k in ("DW_TILE", "DW_TILE_VC")}
 EXTRA: dict = {}  # (define, value, 16-bit only) of the variant
 _init = cuda._Run.__init__
@@ -173,9 +174,9 @@ cuda._Run.__init__ = _init_with_tile
 
 def set_variant(var: str) -> None:
     """'v3' etc., or 'v3@key=value,...' for the tile kernels compiled with other -D defines (KNOBS: thn, vwn, pf,
-    th3, vw3, thc, thc3, vwc, la, fring, frd; thn16, vwn16, pf16, pk, vc, thw4, vww4, ring, rd for 16-bit dtypes
-    only), the host's grid sizes set to match (grids only size grid-stride loops; the weight gradient splits its
-    units itself)."""
+    th3, vw3, thc, thc3, vwc, la, fring, frd; thn16, vwn16, pf16, pk, vc, thw4, vww4, ring, rd, wminb, nring for
+    16-bit dtypes only), the host's grid sizes set to match (grids only size grid-stride loops; the weight gradient
+    splits its units itself)."""
     name, _, shape = var.partition("@")
     os.environ[cuda.DW_ENV], os.environ[cuda.DW_TILE_ENV] = VARIANTS[name]
     EXTRA.clear()
@@ -221,6 +222,26 @@ def floor_ms(c: dict, d: str, bw: float) -> float:
     return (x + y + w) * es / bw
 
 
+def registers(be) -> list[str]:
+    """Registers and local (spill) bytes of every depthwise kernel this process built, as the runtime compiler
+    (NVRTC) gave them: they can differ from an offline nvcc build of the same source."""
+    from cupy.cuda import driver
+
+    def attr(fn, a):  # CU_FUNC_ATTRIBUTE_NUM_REGS = 4, _LOCAL_SIZE_BYTES = 3
+        try:
+            return driver.funcGetAttribute(a, fn.ptr)
+        except Exception as e:  # noqa: BLE001 - a report line, not a check
+            return f"? ({type(e).__name__})"
+    out = []
+    for key, fn in be.kernels()._functions.items():
+        name, defs = key[3], dict(key[1])
+        if "depthwise" in name:
+            extra = ",".join(f"{k}={v}" for k, v in sorted(defs.items()) if k not in ("PC_DTYPE", "PC_INDEX64"))
+            out.append(f"{name} dtype={defs.get('PC_DTYPE')} {extra}: {attr(fn, 4)} registers, "
+                       f"{attr(fn, 3)} local bytes")
+    return sorted(set(out))
+
+
 def bench_row(name: str, c: dict, runs: int, variants: list[str], bw: float) -> dict:
     be, plan, xs, w, gos, conv, args = make(c)
     row = {}
@@ -243,6 +264,9 @@ def bench_row(name: str, c: dict, runs: int, variants: list[str], bw: float) -> 
             cell[var] = (per_call_ms(pfn, 3, runs), kernel_ms(pfn, 3, runs))
         set_variant("v3")
         row[d] = cell
+    row["registers"] = registers(be)
+    for r in row["registers"]:
+        print("registers", r, flush=True)
         print(name, d, {k: (tuple(round(v, 4) for v in val) if isinstance(val, tuple) else f"{val:.2e}")
                         for k, val in cell.items()}, flush=True)
     return row

@@ -12,6 +12,9 @@
 #   bash scripts/gpu/dw_tiles.sh conform   the depthwise conformance (scripts/gpu/depthwise_device.sh: cuda, cuda
 #                                          with the tiles everywhere, HIP-on-NVIDIA x 4 dtypes), then every
 #                                          depthwise row at the defaults (depthwise_bench.py)
+#   bash scripts/gpu/dw_tiles.sh profile   Nsight Compute of mbv2-dw3x3-bf16-cl's three directions (portconv's kernels
+#                                          and PyTorch's), then compute-sanitizer memcheck / racecheck on the 16-bit
+#                                          depthwise conformance cases (the rings)
 #   bash scripts/gpu/dw_tiles.sh bench     `portconv bench` on the depthwise rows, per call and --hold-stream
 #                                          (BENCH_MODES: "call held" or one of them)
 # Variant lists: V16A, V16B, V16C, V32, V3D, VW1, VW2, VR1, VR2 (';'-separated, as DW_VARIANTS with DW_SEP=';').
@@ -59,6 +62,18 @@ conform)
     mkdir -p $R/rows
     DW_CONFORM=0 DW_RUNS=60 DW_VARIANTS=v3 timeout 110 python3 scripts/gpu/depthwise_bench.py $R/rows > $R/rows/log.txt 2>&1
     tail -26 $R/rows/log.txt; pack ;;
+profile)
+    timeout ${NCU_S:-240} ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
+        python3 scripts/gpu/dw_ncu.py mbv2-dw3x3-bf16-cl > $R/ncu-bf16-cl.txt 2>&1
+    grep -E "^  [A-Za-z_].*\(|Duration|Registers Per|Achieved Occupancy|Compute \(SM\) Th|DRAM Throughput|L1/TEX Hit|L2 Hit|Issued Warp|Warp Cycles Per Issued" \
+        $R/ncu-bf16-cl.txt | head -150; pack
+    for tool in memcheck racecheck; do
+        PORTCONV_POISON=1 timeout ${SAN_S:-150} compute-sanitizer --tool $tool --print-limit 20 python3 -m pytest -q \
+            -p no:cacheprovider -rf --tb=line --backend cuda --full-grid --dtype ${SAN_DT:-bfloat16} \
+            tests/test_conformance.py -k "${SAN_K:-dw or g4}" > $R/sanitizer-$tool.txt 2>&1
+        echo "rc=$?" >> $R/sanitizer-$tool.txt; tail -6 $R/sanitizer-$tool.txt; pack
+    done ;;
 bench)
     ROWS='mbv2-dw3x3,mbv2-dw3x3-bf16,mbv2-dw3x3-bf16-cl,mbv2-dw3x3-s2,mbv2-dw3x3-last,mbv2-dw3x3-b1,dw3d-3x3x3'
     for m in ${BENCH_MODES:-call held}; do

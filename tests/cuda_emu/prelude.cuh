@@ -38,6 +38,7 @@ inline void pc_emu_wait(int kind) {
 #define PC_VENDOR_EMU 1
 #define PC_KERNEL extern "C"
 #define PC_LAUNCH_BOUNDS(threads)
+#define PC_LAUNCH_BOUNDS_MIN(threads, blocks)
 #define PC_DEVICE inline
 #define PC_SHARED static
 #define PC_RESTRICT __restrict__
