@@ -64,16 +64,27 @@ PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_bias_grad(const pc_conv_args a) {
 }
 
 /* dst[k, c, r0, r1, r2] = sum over s of ws[s*count + flat(k, c, r0, r1, r2)], count = K*C*R0*R1*R2, where
- * dst is a.w with strides a.ws_ (a weight gradient, or a bias gradient described as K x 1 x 1 x 1 x 1). */
+ * dst is a.w with strides a.ws_ (a weight gradient, or a bias gradient described as K x 1 x 1 x 1 x 1).
+ * Note [warp finalize]: from PC_WARP_FINALIZE splits (cuda.py WARP_FINALIZE sizes the grid to match) one warp sums
+ * one value: lane l adds splits l, l + W, ... in order, then pc_warp_sum folds the lanes in its fixed order, so the
+ * result is deterministic and the warp waits for about one load instead of `splits` dependent additions. Fewer
+ * splits: one thread a value, the splits in order. Either way grid-stride: any grid is correct. */
+#ifndef PC_WARP_FINALIZE
+#define PC_WARP_FINALIZE 16
+#endif
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_split_finalize(const pc_conv_args a) {
     const pc_acc_t *PC_RESTRICT ws = (const pc_acc_t *)a.ws;
     pc_t *dst = (pc_t *)a.w;
     const pc_idx C = (pc_idx)a.C, R0 = (pc_idx)a.R[0], R1 = (pc_idx)a.R[1], R2 = (pc_idx)a.R[2];
     const pc_idx count = (pc_idx)a.K * C * R0 * R1 * R2;
     const pc_idx splits = (pc_idx)a.splits;
-    for (pc_idx e = pc_global_id(); e < count; e += pc_grid_stride()) {
+    const bool warp = splits >= PC_WARP_FINALIZE; /* uniform over the launch */
+    const pc_idx W = warp ? PC_WARP_SIZE : 1, lane = (pc_idx)threadIdx.x % W;
+    for (pc_idx e = pc_global_id() / W; e < count; e += pc_grid_stride() / W) { /* whole warps take one e */
         pc_acc_t acc = 0;
-        for (pc_idx s = 0; s < splits; ++s) acc += ws[s * count + e];
+        for (pc_idx s = lane; s < splits; s += W) acc += ws[s * count + e];
+        if (warp) acc = pc_warp_sum(acc);
+        if (lane != 0) continue;
         pc_idx k, c, r0, r1, r2;
         pc_unflatten5(e, C, R0, R1, R2, false, k, c, r0, r1, r2);
         pc_st(dst, k * (pc_idx)a.ws_[0] + c * (pc_idx)a.ws_[1] + r0 * (pc_idx)a.ws_[2] + r1 * (pc_idx)a.ws_[3] +

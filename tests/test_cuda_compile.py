@@ -248,6 +248,41 @@ def test_bodies_on_cpu_match_pytorch(emu_backend, case, monkeypatch):
         assert masked[0] is None and masked[2] is None and masked[1] is not None
 
 
+def test_warp_finalize_on_cpu(emu_backend, monkeypatch):
+    """Note [warp finalize]: every split reduction forced to 5-20 splits and the warp path switched on from 2
+    (PC_WARP_FINALIZE), so portconv_split_finalize sums each value with a warp: the weight and bias gradients of
+    the direct and implicit-GEMM bodies against aten in float64 (poisoned outputs)."""
+    src = (CUDA_DIR / "reduce.cuh").read_text()
+    assert int(re.search(r"#define PC_WARP_FINALIZE (\d+)", src).group(1)) == cuda.WARP_FINALIZE
+
+    def many(blocks, total, min_chunk, units, count, align=1):
+        chunk = -(-total // min(total, 20))
+        chunk = -(-chunk // align) * align
+        return -(-total // chunk), chunk
+
+    init = cuda._Run.__init__
+
+    def with_define(self, *args, **kw):
+        init(self, *args, **kw)
+        self.defines = {**self.defines, "PC_WARP_FINALIZE": 2}
+
+    launched = []
+    finalize = cuda._Run._finalize_grid
+    monkeypatch.setattr(cuda, "_splits", many)
+    monkeypatch.setattr(cuda, "WARP_FINALIZE", 2)
+    monkeypatch.setattr(cuda._Run, "__init__", with_define)
+    monkeypatch.setattr(cuda._Run, "_finalize_grid", lambda self, c, s: launched.append(s) or finalize(self, c, s))
+    monkeypatch.setenv("PORTCONV_POISON", "1")
+    for case in EMU_CASES[:3]:
+        for dtype in (torch.float64, torch.float32):
+            x, w, b, problem, choice, go, ref = _setup(emu_backend, case, dtype)
+            for alg in ("direct", "implicit_gemm"):
+                plan = Plan(problem, BackendId.CUDA, alg, choice.memory_format, choice.reason, _DEVICE)
+                got = (emu_backend.forward(plan, x, w, b), *emu_backend.backward(plan, go, x, w, (True, True, True)))
+                _check(got, ref, dtype, f"{alg}, warp finalize")
+    assert launched and min(launched) >= 2, launched
+
+
 @pytest.mark.parametrize("case", [c for c in EMU_CASES if c.groups == c.c and not c.transposed],
                          ids=lambda c: f"r{c.rank}m{c.k // c.c}s{c.stride}{c.layout}")
 def test_depthwise_per_element_kernels_on_cpu(emu_backend, case, monkeypatch):

@@ -34,6 +34,7 @@ TC_V4_ENV = "PORTCONV_CUDA_IGEMM_TC_V4"  # "1": the v4 tile (no ldmatrix, no vec
 TC_V5_ENV = "PORTCONV_CUDA_IGEMM_TC_V5"  # "1": the v5 kernels (weight gradient without Note [TN tiles]; before/after)
 TC_V6_ENV = "PORTCONV_CUDA_IGEMM_TC_V6"  # "1": v6 (TF32 without Note [TF32 ldmatrix] and its ring, v6's tile rule)
 THREADS = 256
+WARP_FINALIZE = 16  # PC_WARP_FINALIZE of cuda/reduce.cuh: splits from which the finalize sums with a warp a value
 DW_TAPS = 9  # PC_DW_TAPS of cuda/conv_depthwise.cuh
 DW_V = 4  # PC_DW_V of cuda/conv_depthwise_rows.cuh: outputs per thread along the last spatial axis
 # Output rows x columns per thread of the fwd/bwd-data tile kernels of cuda/conv_depthwise_tile.cuh, per family (its
@@ -259,7 +260,7 @@ def depthwise_weight_grid(view: ConvView, kernel: str, cl: bool, dtype: str, uni
         tiles, groups = -(-cv // ct), THREADS // ct
         th, vw = DW_TILE["w4"] if vc >= 4 else (2, 4)  # PC_DWT_THW, PC_DWT_VWW: the kernel splits its units itself
         work = v.N * v.Y[0] * -(-v.Y[1] // th) * -(-v.Y[2] // vw)
-        target = 3 * max(units, 1)  # few splits: portconv_split_finalize sums them one by one
+        target = 3 * max(units, 1)  # few splits: each is a partial sum the finalize reads back
         splits = max(1, min(-(-target // tiles), -(-work // (4 * groups)), GRID_YZ_MAX))
     else:  # grid (K, splits) over strips
         tiles = v.K
@@ -619,6 +620,10 @@ class _Run:
     def _elementwise_grid(self, total: int) -> tuple[int, int, int]:
         return (max(1, min(-(-total // THREADS), self.units * 32)), 1, 1)
 
+    def _finalize_grid(self, count: int, splits: int) -> tuple[int, int, int]:
+        """portconv_split_finalize's grid: a warp per value from WARP_FINALIZE splits (Note [warp finalize])."""
+        return self._elementwise_grid(count * (32 if splits >= WARP_FINALIZE else 1))
+
     @staticmethod
     def _bias_stride(bias) -> int:
         return 0 if bias is None else _stride0(bias)
@@ -724,7 +729,7 @@ class _Run:
         self._launch(name, grid, a, extra)
         if splits > 1:
             fin = self._args(w=dw, ws=ws, wst=strides5(dw), splits=splits, C=cg)
-            self._launch("portconv_split_finalize", self._elementwise_grid(count), fin, extra)
+            self._launch("portconv_split_finalize", self._finalize_grid(count, splits), fin, extra)
 
     def bias_grad(self, dy, db) -> None:
         """grad_bias: dY summed over batch and space per channel (dY is the grad_output, whatever its role)."""
@@ -738,7 +743,7 @@ class _Run:
         self._launch("portconv_bias_grad", (k, splits, 1), a)
         if splits > 1:
             fin = self._args(w=db, ws=ws, wst=(_stride0(db), 0, 0, 0, 0), splits=splits, C=1, K=k, R=(1, 1, 1))
-            self._launch("portconv_split_finalize", self._elementwise_grid(k), fin)
+            self._launch("portconv_split_finalize", self._finalize_grid(k, splits), fin)
 
 
 def _stride0(t) -> int:

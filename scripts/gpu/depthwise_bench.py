@@ -155,8 +155,10 @@ KNOBS = {  # variant key: (-D define, the cuda.DW_TILE entries.index the host si
     "thw4": ("PC_DWT_THW4", "w4.0", True), "vww4": ("PC_DWT_VWW4", "w4.1", True),
     "ring": ("PC_DWT_RING", None, True), "rd": ("PC_DWT_RD", None, True),
     "fring": ("PC_DWT_FRING", None, False), "frd": ("PC_DWT_FRD", None, False),
-    "wminb": ("PC_DWT_WMINB", None, True), "nring": ("PC_DWT_NRING", None, True)}
+    "wminb": ("PC_DWT_WMINB", None, True), "nring": ("PC_DWT_NRING", None, True),
+    "wfin": ("PC_WARP_FINALIZE", None, False)}  # Note [warp finalize]; the host's cuda.WARP_FINALIZE follows
 SAVED = {k: dict(getattr(cuda, k)) for k in ("DW_TILE", "DW_TILE_VC")}
+WARP_FINALIZE = cuda.WARP_FINALIZE
 EXTRA: dict = {}  # (define, value, 16-bit only) of the variant
 _init = cuda._Run.__init__
 
@@ -175,18 +177,21 @@ cuda._Run.__init__ = _init_with_tile
 def set_variant(var: str) -> None:
     """'v3' etc., or 'v3@key=value,...' for the tile kernels compiled with other -D defines (KNOBS: thn, vwn, pf,
     th3, vw3, thc, thc3, vwc, la, fring, frd; thn16, vwn16, pf16, pk, vc, thw4, vww4, ring, rd, wminb, nring for
-    16-bit dtypes only), the host's grid sizes set to match (grids only size grid-stride loops; the weight gradient
-    splits its units itself)."""
+    16-bit dtypes only; wfin for every dtype), the host's grid sizes set to match (grids only size grid-stride
+    loops; the weight gradient splits its units itself)."""
     name, _, shape = var.partition("@")
     os.environ[cuda.DW_ENV], os.environ[cuda.DW_TILE_ENV] = VARIANTS[name]
     EXTRA.clear()
+    cuda.WARP_FINALIZE = WARP_FINALIZE
     for k, v in SAVED.items():
         getattr(cuda, k).update(v)
     for item in filter(None, shape.split(",")):
         key, _, val = item.partition("=")
         define, mirror, half = KNOBS[key]
         EXTRA[key] = (define, int(val), half)
-        if key == "vc":
+        if key == "wfin":
+            cuda.WARP_FINALIZE = int(val)
+        elif key == "vc":
             cuda.DW_TILE_VC.update({h: int(val) for h in HALF})
         elif mirror:
             for m in mirror.split("+"):
