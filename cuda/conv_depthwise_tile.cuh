@@ -219,6 +219,20 @@ PC_DEVICE void pc_dwt_roll_on(pc_acc_t (&row)[NR][WIN][VC]) {
             for (int j = 0; j < VC; ++j) row[q][u][j] = row[q + S][u][j];
 }
 
+/* Forward taps of the window rows rr .. rr + 2 into one output row: acc[v] += x[rr + r1][v S + r2] * w[r1][r2]. */
+template <int S, int VC, int VW, int NR, int WIN>
+PC_DEVICE void pc_dwt_fma(pc_acc_t (&acc)[VW][VC], const pc_acc_t (&row)[NR][WIN][VC], int rr,
+                          const pc_acc_t (&wv)[3][3][VC]) {
+#pragma unroll
+    for (int r1 = 0; r1 < 3; ++r1)
+#pragma unroll
+        for (int r2 = 0; r2 < 3; ++r2)
+#pragma unroll
+            for (int v = 0; v < VW; ++v)
+#pragma unroll
+                for (int j = 0; j < VC; ++j) acc[v][j] += row[rr + r1][v * S + r2][j] * wv[r1][r2][j];
+}
+
 /* Weight-gradient taps of one dY row g against the window rows rr .. rr + 2: acc[(r0, r1, r2)] += g * x. */
 template <int S, int VC, int VW, int NR, int WIN, int TAPS>
 PC_DEVICE void pc_dwt_wacc(pc_acc_t (&acc)[TAPS][VC], int r0, const pc_acc_t (&g)[VW][VC],
@@ -388,14 +402,7 @@ PC_DEVICE void pc_dwt_conv_ring(const pc_t *PC_RESTRICT src, pc_idx rb, pc_idx b
             for (int v = 0; v < VW; ++v)
 #pragma unroll
                 for (int j = 0; j < VC; ++j) a[v][j] = 0;
-#pragma unroll
-            for (int r1 = 0; r1 < 3; ++r1)
-#pragma unroll
-                for (int r2 = 0; r2 < 3; ++r2)
-#pragma unroll
-                    for (int v = 0; v < VW; ++v)
-#pragma unroll
-                        for (int j = 0; j < VC; ++j) a[v][j] += row[r1][v * S + r2][j] * wv[r1][r2][j];
+            pc_dwt_fma<S>(a, row, 0, wv);
             if (t < rows) pc_dwt_store<VC, VW, PK>(dst, o + t * ds3, ds4, left, a, bias);
         }
     }
@@ -487,15 +494,7 @@ PC_DEVICE void pc_dwt_conv(const pc_conv_args &a, void *pool) {
                 if (!PF && !LA && t > 0) pc_dwt_roll_in<S, PK>(row, 3 - S, src, rb, b1, t, E1, ss3, b2, E2, ss4);
                 if (LA && t + 1 < TH) pc_dwt_roll_in<S, PK, true>(row, 3 - S, src, rb, b1, t + 1, E1, ss3, b2, E2, ss4);
                 const int ta = ONE0 ? 0 : t, rr = PF ? t : 0;
-#pragma unroll
-                for (int r1 = 0; r1 < 3; ++r1)
-#pragma unroll
-                    for (int r2 = 0; r2 < 3; ++r2)
-#pragma unroll
-                        for (int v = 0; v < VW; ++v)
-#pragma unroll
-                            for (int j = 0; j < VC; ++j)
-                                acc[ta][v][j] += row[rr + r1][v * S + r2][j] * wv[r1][r2][j];
+                pc_dwt_fma<S>(acc[ta], row, rr, wv);
                 if (ONE0) {
                     if (d1s + t < D1)
                         pc_dwt_store<VC, VW, PK>(dst, db + (d1s + t) * ds3 + d2s * ds4, ds4, D2 - d2s, acc[0], bias);
