@@ -65,20 +65,20 @@ PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_bias_grad(const pc_conv_args a) {
 
 /* dst[k, c, r0, r1, r2] = sum over s of ws[s*count + flat(k, c, r0, r1, r2)], count = K*C*R0*R1*R2, where
  * dst is a.w with strides a.ws_ (a weight gradient, or a bias gradient described as K x 1 x 1 x 1 x 1).
- * Note [warp finalize]: from PC_WARP_FINALIZE splits (cuda.py WARP_FINALIZE sizes the grid to match) one warp sums
- * one value: lane l adds splits l, l + W, ... in order, then pc_warp_sum folds the lanes in its fixed order, so the
- * result is deterministic and the warp waits for about one load instead of `splits` dependent additions. Fewer
- * splits: one thread a value, the splits in order. Either way grid-stride: any grid is correct. */
-#ifndef PC_WARP_FINALIZE
-#define PC_WARP_FINALIZE 16
-#endif
+ * Note [warp finalize]: with PC_FLAG_WARP (the host's choice, cuda.py _Run._finalize: many splits, few values)
+ * one warp sums one value: lane l adds splits l, l + W, ... in order, then pc_warp_sum folds the lanes in its fixed
+ * order, so the result is deterministic and the warp waits for about one load instead of `splits` dependent
+ * additions. Without it one thread sums a value, the splits in order: consecutive threads read consecutive values,
+ * so every load of a warp is one coalesced line, where a warp a value touches one line per split (measured on
+ * H100: 19% slower weight gradients of a dense row with 73728 values, docs/performance/notes-depthwise-v3.md "v8").
+ * Either way grid-stride: any grid is correct. */
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_split_finalize(const pc_conv_args a) {
     const pc_acc_t *PC_RESTRICT ws = (const pc_acc_t *)a.ws;
     pc_t *dst = (pc_t *)a.w;
     const pc_idx C = (pc_idx)a.C, R0 = (pc_idx)a.R[0], R1 = (pc_idx)a.R[1], R2 = (pc_idx)a.R[2];
     const pc_idx count = (pc_idx)a.K * C * R0 * R1 * R2;
     const pc_idx splits = (pc_idx)a.splits;
-    const bool warp = splits >= PC_WARP_FINALIZE; /* uniform over the launch */
+    const bool warp = (a.flags & PC_FLAG_WARP) != 0; /* uniform over the launch */
     const pc_idx W = warp ? PC_WARP_SIZE : 1, lane = (pc_idx)threadIdx.x % W;
     for (pc_idx e = pc_global_id() / W; e < count; e += pc_grid_stride() / W) { /* whole warps take one e */
         pc_acc_t acc = 0;

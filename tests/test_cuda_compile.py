@@ -248,30 +248,29 @@ def test_bodies_on_cpu_match_pytorch(emu_backend, case, monkeypatch):
         assert masked[0] is None and masked[2] is None and masked[1] is not None
 
 
-def test_warp_finalize_on_cpu(emu_backend, monkeypatch):
-    """Note [warp finalize]: every split reduction forced to 5-20 splits and the warp path switched on from 2
-    (PC_WARP_FINALIZE), so portconv_split_finalize sums each value with a warp: the weight and bias gradients of
-    the direct and implicit-GEMM bodies against aten in float64 (poisoned outputs)."""
-    src = (CUDA_DIR / "reduce.cuh").read_text()
-    assert int(re.search(r"#define PC_WARP_FINALIZE (\d+)", src).group(1)) == cuda.WARP_FINALIZE
-
+@pytest.mark.parametrize("limit", [10**9, 0], ids=["warp", "thread"])
+def test_warp_finalize_on_cpu(emu_backend, limit, monkeypatch):
+    """Note [warp finalize]: every split reduction forced to 5-20 splits and the warp path switched on from 2 splits
+    and up to ``limit`` values (the host's choice, PC_FLAG_WARP), so portconv_split_finalize sums each value with a
+    warp (10**9) or a thread (0): the weight and bias gradients of the direct and implicit-GEMM bodies against aten
+    in float64 (poisoned outputs)."""
     def many(blocks, total, min_chunk, units, count, align=1):
         chunk = -(-total // min(total, 20))
         chunk = -(-chunk // align) * align
         return -(-total // chunk), chunk
 
-    init = cuda._Run.__init__
-
-    def with_define(self, *args, **kw):
-        init(self, *args, **kw)
-        self.defines = {**self.defines, "PC_WARP_FINALIZE": 2}
-
     launched = []
-    finalize = cuda._Run._finalize_grid
+    finalize = cuda._Run._finalize
+
+    def spy(self, count, splits, extra=None, **args):
+        launched.append((splits, splits >= cuda.WARP_FINALIZE and count <= cuda.WARP_FINALIZE_MAX))
+        return finalize(self, count, splits, extra, **args)
+
+    flags = spy_launches(monkeypatch)
     monkeypatch.setattr(cuda, "_splits", many)
     monkeypatch.setattr(cuda, "WARP_FINALIZE", 2)
-    monkeypatch.setattr(cuda._Run, "__init__", with_define)
-    monkeypatch.setattr(cuda._Run, "_finalize_grid", lambda self, c, s: launched.append(s) or finalize(self, c, s))
+    monkeypatch.setattr(cuda, "WARP_FINALIZE_MAX", limit)
+    monkeypatch.setattr(cuda._Run, "_finalize", spy)
     monkeypatch.setenv("PORTCONV_POISON", "1")
     for case in EMU_CASES[:2]:
         for dtype in (torch.float64, torch.float32):
@@ -279,8 +278,10 @@ def test_warp_finalize_on_cpu(emu_backend, monkeypatch):
             for alg in ("direct", "implicit_gemm"):
                 plan = Plan(problem, BackendId.CUDA, alg, choice.memory_format, choice.reason, _DEVICE)
                 got = (emu_backend.forward(plan, x, w, b), *emu_backend.backward(plan, go, x, w, (True, True, True)))
-                _check(got, ref, dtype, f"{alg}, warp finalize")
-    assert launched and min(launched) >= 2, launched
+                _check(got, ref, dtype, f"{alg}, warp finalize up to {limit} values")
+    assert launched and min(s for s, _ in launched) >= 2 and all(w == bool(limit) for _, w in launched), launched
+    fin = [f for n, f, _ in flags if n == "portconv_split_finalize"]
+    assert fin and all(bool(f & cuda.FLAG_WARP) == bool(limit) for f in fin), fin
 
 
 @pytest.mark.parametrize("case", [c for c in EMU_CASES if c.groups == c.c and not c.transposed],

@@ -17,6 +17,7 @@ ARG_FIELDS = (("x", 1), ("w", 1), ("y", 1), ("b", 1), ("ws", 1), ("N", 1), ("C",
 ARG_COUNT = sum(n for _, n in ARG_FIELDS)
 FLAG_CL = 1
 FLAG_VA, FLAG_VB = 2, 4  # Note [vector gathers] (cuda/conv_igemm_tc.cuh): A / B may be read 16 bytes at a time
+FLAG_WARP = 8  # Note [warp finalize]: portconv_split_finalize sums a value with a warp
 DTYPE_CODE = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3}
 ENTRY = {"direct": "direct.cu", "depthwise": "depthwise.cu", "implicit_gemm": "igemm.cu", "igemm-tc": "igemm.cu"}
 PREFIX = {"direct": "portconv_direct", "depthwise": "portconv_depthwise", "implicit_gemm": "portconv_igemm",
@@ -34,7 +35,9 @@ TC_V4_ENV = "PORTCONV_CUDA_IGEMM_TC_V4"  # "1": the v4 tile (no ldmatrix, no vec
 TC_V5_ENV = "PORTCONV_CUDA_IGEMM_TC_V5"  # "1": the v5 kernels (weight gradient without Note [TN tiles]; before/after)
 TC_V6_ENV = "PORTCONV_CUDA_IGEMM_TC_V6"  # "1": v6 (TF32 without Note [TF32 ldmatrix] and its ring, v6's tile rule)
 THREADS = 256
-WARP_FINALIZE = 16  # PC_WARP_FINALIZE of cuda/reduce.cuh: splits from which the finalize sums with a warp a value
+# Note [warp finalize] (cuda/reduce.cuh): the finalize sums a value with a warp from WARP_FINALIZE splits and up to
+# WARP_FINALIZE_MAX values (more values fill the GPU with a thread a value, and its loads coalesce)
+WARP_FINALIZE, WARP_FINALIZE_MAX = 16, 16384
 DW_TAPS = 9  # PC_DW_TAPS of cuda/conv_depthwise.cuh
 DW_V = 4  # PC_DW_V of cuda/conv_depthwise_rows.cuh: outputs per thread along the last spatial axis
 # Output rows x columns per thread of the fwd/bwd-data tile kernels of cuda/conv_depthwise_tile.cuh, per family (its
@@ -620,9 +623,12 @@ class _Run:
     def _elementwise_grid(self, total: int) -> tuple[int, int, int]:
         return (max(1, min(-(-total // THREADS), self.units * 32)), 1, 1)
 
-    def _finalize_grid(self, count: int, splits: int) -> tuple[int, int, int]:
-        """portconv_split_finalize's grid: a warp per value from WARP_FINALIZE splits (Note [warp finalize])."""
-        return self._elementwise_grid(count * (32 if splits >= WARP_FINALIZE else 1))
+    def _finalize(self, count: int, splits: int, extra: dict | None = None, **args) -> None:
+        """portconv_split_finalize of ``count`` values over ``splits`` partial sums: a warp a value or a thread a value
+        (Note [warp finalize]), the kernel told which by PC_FLAG_WARP."""
+        warp = splits >= WARP_FINALIZE and count <= WARP_FINALIZE_MAX
+        fin = self._args(splits=splits, flags=FLAG_WARP if warp else 0, **args)
+        self._launch("portconv_split_finalize", self._elementwise_grid(count * (32 if warp else 1)), fin, extra)
 
     @staticmethod
     def _bias_stride(bias) -> int:
@@ -728,8 +734,7 @@ class _Run:
             name += "_" + self.dw["bwd_weight"]
         self._launch(name, grid, a, extra)
         if splits > 1:
-            fin = self._args(w=dw, ws=ws, wst=strides5(dw), splits=splits, C=cg)
-            self._launch("portconv_split_finalize", self._finalize_grid(count, splits), fin, extra)
+            self._finalize(count, splits, extra, w=dw, ws=ws, wst=strides5(dw), C=cg)
 
     def bias_grad(self, dy, db) -> None:
         """grad_bias: dY summed over batch and space per channel (dY is the grad_output, whatever its role)."""
@@ -742,8 +747,7 @@ class _Run:
         a = self._args(y=dy, b=db, ws=ws, ys=strides5(dy), bs=_stride0(db), splits=splits, chunk=chunk, K=k, Y=ext)
         self._launch("portconv_bias_grad", (k, splits, 1), a)
         if splits > 1:
-            fin = self._args(w=db, ws=ws, wst=(_stride0(db), 0, 0, 0, 0), splits=splits, C=1, K=k, R=(1, 1, 1))
-            self._launch("portconv_split_finalize", self._finalize_grid(k, splits), fin)
+            self._finalize(k, splits, w=db, ws=ws, wst=(_stride0(db), 0, 0, 0, 0), C=1, K=k, R=(1, 1, 1))
 
 
 def _stride0(t) -> int:

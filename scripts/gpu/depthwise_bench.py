@@ -4,9 +4,10 @@ too, PORTCONV_CUDA_DEPTHWISE_TILE=all) against PyTorch on the suite's depthwise 
 floor (bytes of the direction / best 1 GiB copy_ bandwidth measured in the same process).
 
 Run from the repository root on a CUDA machine: PYTHONPATH=. python3 scripts/gpu/depthwise_bench.py OUTDIR
-Writes OUTDIR/depthwise.json and OUTDIR/depthwise.md. DW_VARIANTS (default v2,v3,v3all), DW_ROWS, DW_RUNS,
-DW_CONFORM=0 (skip the conformance part). Times are per call (CUDA events around one call,
-median of --runs, inputs rotated over 3 buffer sets) and kernel-only (torch.profiler device time per call).
+Writes OUTDIR/depthwise.json and OUTDIR/depthwise.md. DW_VARIANTS (default v2,v3,v3all), DW_ROWS (any 2-D or 3-D,
+not transposed suite row), DW_DIRS, DW_RUNS, DW_CONFORM=0 (skip the conformance part). Times are per call (CUDA
+events around one call, median of --runs, inputs rotated over 3 buffer sets), kernel-only (torch.profiler device
+time per call) and held (Note [held stream]).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from portconv.tensors import spec_of
 
 ROWS = ["mbv2-dw3x3", "mbv2-dw3x3-bf16", "mbv2-dw3x3-bf16-cl", "mbv2-dw3x3-s2", "mbv2-dw3x3-last", "mbv2-dw3x3-b1",
         "dw3d-3x3x3"]
-DIRS = ("fwd", "bwd_data", "bwd_weight")
+DIRS = tuple(os.environ.get("DW_DIRS", "fwd,bwd_data,bwd_weight").split(","))  # DW_DIRS: some of them
 MASKS = {"bwd_data": (True, False, False), "bwd_weight": (False, True, False)}
 
 
@@ -132,6 +133,16 @@ def kernel_ms(fn, sets, runs):
     return tot / runs / 1000.0
 
 
+def held_ms(fn, sets, runs):
+    """Median device time per call as `portconv bench --hold-stream` measures it (Note [held stream]: CUDA events
+    around each call, the calls enqueued behind a spin kernel, so launch gaps count and host time does not)."""
+    from portconv.bench.timing import CudaClock
+
+    fn(0)
+    torch.cuda.synchronize()
+    return statistics.median(CudaClock(torch.device("cuda"), hold=True).samples(fn, [i % sets for i in range(runs)]))
+
+
 def check_full(d, be, plan, x, w, go, conv, args):
     """Full-size agreement of portconv (current variant) with PyTorch in float64 (relative L2 error)."""
     got = pc_call(d, be, plan, x, w, go)
@@ -156,9 +167,9 @@ KNOBS = {  # variant key: (-D define, the cuda.DW_TILE entries.index the host si
     "ring": ("PC_DWT_RING", None, True), "rd": ("PC_DWT_RD", None, True),
     "fring": ("PC_DWT_FRING", None, False), "frd": ("PC_DWT_FRD", None, False),
     "wminb": ("PC_DWT_WMINB", None, True), "nring": ("PC_DWT_NRING", None, True),
-    "wfin": ("PC_WARP_FINALIZE", None, False)}  # Note [warp finalize]; the host's cuda.WARP_FINALIZE follows
+    "wfin": (None, None, False), "wfmax": (None, None, False)}  # Note [warp finalize]: cuda.WARP_FINALIZE(_MAX)
 SAVED = {k: dict(getattr(cuda, k)) for k in ("DW_TILE", "DW_TILE_VC")}
-WARP_FINALIZE = cuda.WARP_FINALIZE
+WARP_FINALIZE = (cuda.WARP_FINALIZE, cuda.WARP_FINALIZE_MAX)
 EXTRA: dict = {}  # (define, value, 16-bit only) of the variant
 _init = cuda._Run.__init__
 
@@ -177,21 +188,22 @@ cuda._Run.__init__ = _init_with_tile
 def set_variant(var: str) -> None:
     """'v3' etc., or 'v3@key=value,...' for the tile kernels compiled with other -D defines (KNOBS: thn, vwn, pf,
     th3, vw3, thc, thc3, vwc, la, fring, frd; thn16, vwn16, pf16, pk, vc, thw4, vww4, ring, rd, wminb, nring for
-    16-bit dtypes only; wfin for every dtype), the host's grid sizes set to match (grids only size grid-stride
-    loops; the weight gradient splits its units itself)."""
+    16-bit dtypes only; wfin, wfmax: the host's Note [warp finalize] limits), the host's grid sizes set to match
+    (grids only size grid-stride loops; the weight gradient splits its units itself)."""
     name, _, shape = var.partition("@")
     os.environ[cuda.DW_ENV], os.environ[cuda.DW_TILE_ENV] = VARIANTS[name]
     EXTRA.clear()
-    cuda.WARP_FINALIZE = WARP_FINALIZE
+    cuda.WARP_FINALIZE, cuda.WARP_FINALIZE_MAX = WARP_FINALIZE
     for k, v in SAVED.items():
         getattr(cuda, k).update(v)
     for item in filter(None, shape.split(",")):
         key, _, val = item.partition("=")
         define, mirror, half = KNOBS[key]
+        if key in ("wfin", "wfmax"):  # host constants: the finalize's mode travels in its flags (PC_FLAG_WARP)
+            setattr(cuda, "WARP_FINALIZE" if key == "wfin" else "WARP_FINALIZE_MAX", int(val))
+            continue
         EXTRA[key] = (define, int(val), half)
-        if key == "wfin":
-            cuda.WARP_FINALIZE = int(val)
-        elif key == "vc":
+        if key == "vc":
             cuda.DW_TILE_VC.update({h: int(val) for h in HALF})
         elif mirror:
             for m in mirror.split("+"):
@@ -256,7 +268,7 @@ def bench_row(name: str, c: dict, runs: int, variants: list[str], bw: float) -> 
         def tfn(i, d=d):
             return torch_call(d, conv, args, xs[i], w, gos[i])
 
-        cell["torch"] = (per_call_ms(tfn, 3, runs), kernel_ms(tfn, 3, runs))
+        cell["torch"] = (per_call_ms(tfn, 3, runs), kernel_ms(tfn, 3, runs), held_ms(tfn, 3, runs))
         for var in variants:
             set_variant(var)
             pl = plan()
@@ -266,7 +278,7 @@ def bench_row(name: str, c: dict, runs: int, variants: list[str], bw: float) -> 
                 return pc_call(d, be, pl, xs[i], w, gos[i])
 
             cell[var + "_err"] = check_full(d, be, pl, xs[0], w, gos[0], conv, args)
-            cell[var] = (per_call_ms(pfn, 3, runs), kernel_ms(pfn, 3, runs))
+            cell[var] = (per_call_ms(pfn, 3, runs), kernel_ms(pfn, 3, runs), held_ms(pfn, 3, runs))
         set_variant("v3")
         row[d] = cell
     row["registers"] = registers(be)
@@ -289,20 +301,20 @@ def main() -> int:
     if os.environ.get("DW_CONFORM", "1") != "0":
         report["conform"] = conform(out)
     rows = {}
-    lines = [f"device {report['device']}, torch {report['torch']}, copy {bw / 1e6:.0f} GB/s; ms call/kern; "
+    lines = [f"device {report['device']}, torch {report['torch']}, copy {bw / 1e6:.0f} GB/s; ms call/kern/held; "
              f"x = torch kern / ours kern; % = floor / kern", "",
-             "| row | dir | floor | torch call/kern | " + " | ".join(f"{v} call/kern (x, %)" for v in variants)
-             + " |", "|---" * (4 + len(variants)) + "|"]
+             "| row | dir | floor | torch call/kern/held | "
+             + " | ".join(f"{v} call/kern/held (x, %)" for v in variants) + " |", "|---" * (4 + len(variants)) + "|"]
     for name, c in suite_rows().items():
         row = rows[name] = bench_row(name, c, runs, variants, bw)
         for d in DIRS:
             cl = row[d]
             tk = cl["torch"][1]
-            cells = [f"{cl[v][0]:.4f}/{cl[v][1]:.4f} ({tk / max(cl[v][1], 1e-9):.2f}x, "
+            cells = [f"{cl[v][0]:.4f}/{cl[v][1]:.4f}/{cl[v][2]:.4f} ({tk / max(cl[v][1], 1e-9):.2f}x, "
                      f"{100 * cl['floor'] / max(cl[v][1], 1e-9):.0f}%){' ERR' if cl[v + '_err'] > 3e-2 else ''}"
                      for v in variants]
-            lines.append(f"| {name} | {d} | {cl['floor']:.4f} | {cl['torch'][0]:.4f}/{tk:.4f} | " + " | ".join(cells)
-                         + " |")
+            lines.append(f"| {name} | {d} | {cl['floor']:.4f} | {cl['torch'][0]:.4f}/{tk:.4f}/{cl['torch'][2]:.4f} | "
+                         + " | ".join(cells) + " |")
         (out / "depthwise.json").write_text(json.dumps({**report, "rows": rows}, indent=1))
         (out / "depthwise.md").write_text("\n".join(lines) + "\n")
         torch.cuda.empty_cache()

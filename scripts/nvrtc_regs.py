@@ -1,0 +1,75 @@
+"""Registers, spills and shared memory of portconv's CUDA kernels as NVRTC builds them at run time, without a GPU.
+
+NVRTC's register counts can differ from an offline nvcc build of the same source (docs/performance/
+notes-depthwise-v3.md "v7", "v8"), and what runs is NVRTC's. This asks libnvrtc (pip install nvidia-cuda-nvrtc, the
+version the device's CuPy loads) for the ptxas report of one entry, with the options portconv's KernelSet passes.
+
+    python scripts/nvrtc_regs.py depthwise.cu sm_90 PC_DTYPE=3 [PC_DWT_FWIN=1 ...] [--match fwd_tile_s1]
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from portconv import sources  # noqa: E402
+from portconv.backends._cupy import inline_source  # noqa: E402
+
+
+def libnvrtc() -> ctypes.CDLL:
+    import nvidia
+
+    for root in nvidia.__path__:
+        for path in sorted(glob.glob(os.path.join(root, "*", "lib", "libnvrtc.so.*"))):
+            if "alt" not in path and "builtins" not in path:
+                for b in glob.glob(os.path.join(os.path.dirname(path), "libnvrtc-builtins.so.*")):
+                    if "alt" not in b:
+                        ctypes.CDLL(b, mode=ctypes.RTLD_GLOBAL)  # NVRTC opens it by name at compile time
+                return ctypes.CDLL(path)
+    raise SystemExit("libnvrtc not found: pip install nvidia-cuda-nvrtc")
+
+
+def report(entry: str, arch: str, defines: dict[str, str]) -> str:
+    lib = libnvrtc()
+    text = inline_source(entry, [sources.folder("cuda")]).encode()
+    prog = ctypes.c_void_p()
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), text, entry.encode(), 0, None, None) == 0
+    opts = ["-std=c++17", f"-arch={arch}", "--ptxas-options=-v", *(f"-D{k}={v}" for k, v in sorted(defines.items()))]
+    arr = (ctypes.c_char_p * len(opts))(*(o.encode() for o in opts))
+    rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, log)
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    out = log.value.decode(errors="replace")
+    if rc:
+        raise SystemExit(f"nvrtc failed ({rc}):\n{out}")
+    return out
+
+
+def summary(log: str, match: str = "") -> list[str]:
+    """One line per entry function: registers, spill bytes, shared memory."""
+    rows, name = [], None
+    for line in log.splitlines():
+        m = re.search(r"Compiling entry function '(\w+)'", line)
+        if m:
+            name = m.group(1)
+        m = re.search(r"(\d+) bytes spill stores", line)
+        if m and name:
+            spill = m.group(1)
+        m = re.search(r"Used (\d+) registers.*?(\d+) bytes smem", line)
+        if m and name and match in name:
+            rows.append(f"{name}: {m.group(1)} registers, {spill} bytes spilled, {m.group(2)} bytes smem")
+    return rows
+
+
+if __name__ == "__main__":
+    args = [a for a in sys.argv[1:] if not a.startswith("--match")]
+    match = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--match=")), "")
+    entry, arch, defs = args[0], args[1], dict(a.split("=", 1) for a in args[2:])
+    defs.setdefault("PC_INDEX64", "0")
+    print("\n".join(summary(report(entry, arch, defs), match)))
