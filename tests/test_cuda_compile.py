@@ -78,6 +78,32 @@ def test_nvcc_builds_every_kernel(nvcc):
     assert len(results) == len(ENTRIES) * (len(ARCHS) * 4 + 1) + 3 * (len(tc) + len(ARCHS) - 1) + 1 + len(tc)
 
 
+def test_nvrtc_keeps_the_hot_depthwise_kernels_at_two_blocks_an_sm():
+    """What runs is NVRTC's build, and its registers can differ from nvcc's: 130 registers made the bfloat16
+    channels-last weight gradient 1.4x slower (one 256-thread block an SM), and `__launch_bounds__(256, 1)` gave the
+    forward 154 (docs/performance/notes-depthwise-v3.md "v7", "v8"). mbv2-dw3x3-bf16-cl's three kernels, as NVRTC 13
+    builds them for sm_90 (scripts/nvrtc_regs.py), must fit two blocks an SM (<= 128 registers) with no spills."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("nvrtc_regs", ROOT / "scripts" / "nvrtc_regs.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    try:
+        tool.libnvrtc()
+    except SystemExit as e:
+        if os.environ.get("PORTCONV_REQUIRE_NVRTC") == "1":
+            pytest.fail(f"PORTCONV_REQUIRE_NVRTC=1: {e}", pytrace=False)
+        pytest.skip(f"{e} (set PORTCONV_REQUIRE_NVRTC=1 to make this a failure)")
+    rows = tool.summary(tool.report("depthwise.cu", "sm_90", {"PC_DTYPE": 3, "PC_INDEX64": 0}))
+    got = {}
+    for line in rows:
+        name, regs, spill = re.match(r"(\w+): (\d+) registers, (\d+) bytes spilled", line).groups()
+        got[name] = (int(regs), int(spill))
+    for k in ("fwd_tile_s1", "bwd_data_tile_s1", "bwd_weight_tile2d_s1"):
+        regs, spill = got[f"portconv_depthwise_{k}"]
+        assert regs <= 128 and spill == 0, f"{k}: {regs} registers, {spill} bytes spilled under NVRTC"
+
+
 def test_sources_are_self_contained():
     """NVRTC at run time gets one inlined text and no include path: no system headers, every include resolved."""
     for p in CUDA_DIR.iterdir():
