@@ -45,7 +45,7 @@
 #define PC_DWT_VW3 4
 #endif
 #ifndef PC_DWT_THC
-#define PC_DWT_THC 16 /* [cl] 2-D channels-last ('tile'), rolling window */
+#define PC_DWT_THC 14 /* [cl] 2-D channels-last ('tile'), rolling window; 14 divides 56 and 112 (16: notes "v9") */
 #endif
 #ifndef PC_DWT_THC3
 #define PC_DWT_THC3 4 /* [cl3d] 3-D channels-last ('tile3d') */

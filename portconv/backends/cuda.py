@@ -43,7 +43,7 @@ DW_V = 4  # PC_DW_V of cuda/conv_depthwise_rows.cuh: outputs per thread along th
 # Output rows x columns per thread of the fwd/bwd-data tile kernels of cuda/conv_depthwise_tile.cuh, per family (its
 # PC_DWT_THN/VWN, _THN16/VWN16, _TH3/VW3, _THC/VWC, _THC3/VWC): 'tilen_s*' (2-D NCHW; 'nchw16' in 16-bit types, Note
 # [packed rows]), 'tilen3d_s*', 'tile_s*' (2-D channels-last), 'tile3d_s*'
-DW_TILE = {"nchw": (8, 2), "nchw16": (8, 4), "nchw3d": (8, 4), "cl": (16, 2), "cl3d": (4, 2),
+DW_TILE = {"nchw": (8, 2), "nchw16": (8, 4), "nchw3d": (8, 4), "cl": (14, 2), "cl3d": (4, 2),
            "w4": (8, 2)}  # 'w4': the weight gradient's unit with 4 channels a thread (PC_DWT_THW4, _VWW4)
 DW_TILE_VC = {"float32": 2, "float16": 4, "bfloat16": 4, "float64": 1}  # PC_DWT_VC: channels per thread (CL)
 # where the tile fwd/bwd_data kernels run: "auto" (default: channels-last, and NCHW with >= 16 rows and enough
@@ -559,8 +559,8 @@ class _Run:
             self.rec.argument_block(args, (x, w, y, b, ws))
         return args
 
-    def _launch(self, name: str, grid, args, extra: dict | None = None) -> None:
-        self.io.launch(self._fn(name, extra), grid, THREADS, args)
+    def _launch(self, name: str, grid, args, extra: dict | None = None, dependent: bool = False) -> None:
+        self.io.launch(self._fn(name, extra), grid, THREADS, args, dependent)
 
     def _igemm_tile(self, m: int, n: int, reduction: int = 0, weight: bool = False) -> tuple[int, int, dict | None]:
         """(BM, BN, extra defines) of the implicit GEMM tile for an M x N GEMM over ``reduction`` terms (``weight``:
@@ -628,7 +628,8 @@ class _Run:
         (Note [warp finalize]), the kernel told which by PC_FLAG_WARP."""
         warp = splits >= WARP_FINALIZE and count <= WARP_FINALIZE_MAX
         fin = self._args(splits=splits, flags=FLAG_WARP if warp else 0, **args)
-        self._launch("portconv_split_finalize", self._elementwise_grid(count * (32 if warp else 1)), fin, extra)
+        self._launch("portconv_split_finalize", self._elementwise_grid(count * (32 if warp else 1)), fin, extra,
+                     dependent=True)  # Note [dependent launch]: replayed, it may start before its sums are done
 
     @staticmethod
     def _bias_stride(bias) -> int:
