@@ -108,6 +108,19 @@ template <int N>
 PC_DEVICE void pc_cp_async_wait() {}
 #endif
 
+/* Note [dependent launch]: a kernel launched with programmatic stream serialization (the replayed finalize of split
+ * sums, portconv/backends/_replay.py) may start while the kernel before it in the stream still runs; it calls
+ * pc_grid_dependency_wait() before it touches memory, which returns once that kernel has completed and its writes
+ * are visible (griddepcontrol.wait, sm_90 and newer; a no-op for a kernel launched the ordinary way). No producer
+ * calls griddepcontrol.launch_dependents: its blocks trigger the dependent launch as they exit. (Calling it first
+ * thing in the depthwise weight-gradient kernels was measured: no gain, docs/performance/notes-depthwise-v3.md "v9".)
+ * Older GPUs, HIP and the CPU emulator: it does nothing (their launches are always ordered). */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+PC_DEVICE void pc_grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+#else
+PC_DEVICE void pc_grid_dependency_wait() {}
+#endif
+
 /* Note [tensor cores]: matrix-unit (mma/wmma) paths of the implicit GEMM are CUDA-only. They are compiled
  * only where PC_TENSOR_CORES is 1; the HIP prelude leaves it 0 and the bodies fall back to the shared-memory
  * FMA tile, which is correct everywhere. */

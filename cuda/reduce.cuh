@@ -71,8 +71,10 @@ PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_bias_grad(const pc_conv_args a) {
  * additions. Without it one thread sums a value, the splits in order: consecutive threads read consecutive values,
  * so every load of a warp is one coalesced line, where a warp a value touches one line per split (measured on
  * H100: 19% slower weight gradients of a dense row with 73728 values, docs/performance/notes-depthwise-v3.md "v8").
- * Either way grid-stride: any grid is correct. */
+ * Either way grid-stride: any grid is correct. Replayed, it is a dependent launch (Note [dependent launch]):
+ * nothing is read before pc_grid_dependency_wait. */
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_split_finalize(const pc_conv_args a) {
+    pc_grid_dependency_wait();
     const pc_acc_t *PC_RESTRICT ws = (const pc_acc_t *)a.ws;
     pc_t *dst = (pc_t *)a.w;
     const pc_idx C = (pc_idx)a.C, R0 = (pc_idx)a.R[0], R1 = (pc_idx)a.R[1], R2 = (pc_idx)a.R[2];

@@ -81,6 +81,9 @@ PC_DEVICE void pc_cp_async_commit() {}
 template <int N>
 PC_DEVICE void pc_cp_async_wait() {}
 
+/* Note [dependent launch] of cuda/prelude.cuh: launches here are always ordered. */
+PC_DEVICE void pc_grid_dependency_wait() {}
+
 /* Matrix-core (MFMA/WMMA) tiles are not written for HIP: the bodies use their portable shared-memory tile. */
 #ifndef PC_TENSOR_CORES
 #define PC_TENSOR_CORES 0

@@ -59,15 +59,15 @@ class EmuTensors:
         t = torch.full((count,), float("nan"), dtype=torch.float64 if double else torch.float32)
         return t if self.rec is None else self.rec.allocated(t, "workspace", (count, double))
 
-    def launch(self, fn, grid, block, args):
+    def launch(self, fn, grid, block, args, dependent=False):
         self._run(fn, grid, block, args.ctypes.data)
         if self.rec is not None:
-            self.rec.launched(fn, grid, block, args)
+            self.rec.launched(fn, grid, block, args, dependent)
 
     def raw_stream(self):
         return 0
 
-    def launch_head(self, fn, grid, block):
+    def launch_head(self, fn, grid, block, dependent=False):
         return None
 
     def launch_block(self, fn, grid, block, block_args, stream, head=None):

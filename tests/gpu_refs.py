@@ -57,9 +57,9 @@ def spy_launches(monkeypatch) -> list:
     launches = []
     real = cuda._Run._launch
 
-    def spy(self, name, grid, args, extra=None):
+    def spy(self, name, grid, args, extra=None, dependent=False):
         launches.append((name, int(np.frombuffer(args.tobytes(), dtype=np.int64)[-1]), grid))
-        return real(self, name, grid, args, extra)
+        return real(self, name, grid, args, extra, dependent)
 
     monkeypatch.setattr(cuda._Run, "_launch", spy)
     return launches

@@ -104,6 +104,15 @@ def test_nvrtc_keeps_the_hot_depthwise_kernels_at_two_blocks_an_sm():
         assert regs <= 128 and spill == 0, f"{k}: {regs} registers, {spill} bytes spilled under NVRTC"
 
 
+def test_the_finalize_waits_before_it_reads():
+    """Note [dependent launch]: a replayed finalize may start before the kernel that writes its partial sums has
+    finished; its first statement waits for it, so no read comes before (griddepcontrol.wait on sm_90+)."""
+    body = (CUDA_DIR / "reduce.cuh").read_text().split("portconv_split_finalize(const pc_conv_args a) {", 1)[1]
+    assert body.lstrip().startswith("pc_grid_dependency_wait();")
+    prelude = (CUDA_DIR / "prelude.cuh").read_text()
+    assert 'asm volatile("griddepcontrol.wait;" ::: "memory")' in prelude and "__CUDA_ARCH__ >= 900" in prelude
+
+
 def test_sources_are_self_contained():
     """NVRTC at run time gets one inlined text and no include path: no system headers, every include resolved."""
     for p in CUDA_DIR.iterdir():

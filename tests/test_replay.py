@@ -19,7 +19,7 @@ class Obj:
 
 class FakeIo:
     def __init__(self):
-        self.next, self.launches, self.allocs = 0x1000, [], []
+        self.next, self.launches, self.allocs, self.heads = 0x1000, [], [], []
 
     @staticmethod
     def ptr(t) -> int:
@@ -27,8 +27,8 @@ class FakeIo:
 
     ptr_of = ptr
 
-    def launch_head(self, fn, grid, block):
-        return ("head", fn, grid, block)
+    def launch_head(self, fn, grid, block, dependent=False):
+        return ("head", fn, grid, block) + (("dependent",) if dependent else ())
 
     def raw_stream(self) -> int:
         return 77
@@ -44,7 +44,8 @@ class FakeIo:
         return Obj(self.next)
 
     def launch_block(self, fn, grid, block, args, stream, head=None):
-        assert head == ("head", fn, grid, block)  # made once per recorded launch, passed at every replay
+        assert head[:4] == ("head", fn, grid, block)  # made once per recorded launch, passed at every replay
+        self.heads.append(head)
         self.launches.append((fn, grid, block, list(args), stream))
 
 
@@ -64,7 +65,7 @@ def record_call(x, w, b):
     rec.launched("main", (4, 1, 1), 256, a1)
     a2 = block(0, y.addr, 0, 0, ws.addr, 9)
     rec.argument_block(a2, (None, y, None, None, ws))
-    rec.launched("finalize", (1, 1, 1), 256, a2)
+    rec.launched("finalize", (1, 1, 1), 256, a2, dependent=True)
     return rec, y
 
 
@@ -127,3 +128,34 @@ def test_blocks_are_ctypes_int64_arrays():
     rec, y = record_call(x, w, None)
     step = rec.program((y,)).steps[0]
     assert isinstance(step.args, ctypes.Array) and ctypes.sizeof(step.args) == 64
+
+
+def test_the_finalize_is_replayed_as_a_dependent_launch():
+    """Note [dependent launch]: the step the ordinary path marks dependent asks launch_head for a dependent launch
+    (programmatic stream serialization on sm_90+); the first step of a call never does (nothing before it is its)."""
+    x, w = Obj(0x100), Obj(0x200)
+    rec, y = record_call(x, w, None)
+    prog = rec.program((y,))
+    assert [s.dependent for s in prog.steps] == [False, True]
+    io = FakeIo()
+    prog.run(io, {"input": x, "weight": w, "bias": None}, poison=False)
+    assert io.heads == [("head", "main", (4, 1, 1), 256), ("head", "finalize", (1, 1, 1), 256, "dependent")]
+    first = Recording({"input": x})
+    a = block(x.addr)
+    first.argument_block(a, (x,))
+    first.launched("k", (1, 1, 1), 32, a, dependent=True)
+    assert first.steps[0].dependent is False
+
+
+def test_launch_config_matches_the_driver_abi():
+    """cuLaunchKernelEx's CUlaunchConfig and CUlaunchAttribute as cuda.h lays them out on 64-bit hosts."""
+    from portconv.backends._replay import DriverLaunch, _LaunchAttribute, _LaunchConfig
+
+    assert ctypes.sizeof(_LaunchAttribute) == 72 and _LaunchAttribute.value.offset == 8
+    assert ctypes.sizeof(_LaunchConfig) == 56
+    assert (_LaunchConfig.shared.offset, _LaunchConfig.stream.offset, _LaunchConfig.attrs.offset,
+            _LaunchConfig.count.offset) == (24, 32, 40, 48)
+    kind, cfg, attr, fn = DriverLaunch.head_ex(0x1234, (7, 2, 1), 256)
+    assert kind == "ex" and fn.value == 0x1234 and list(cfg.grid) == [7, 2, 1] and list(cfg.block) == [256, 1, 1]
+    assert cfg.count == 1 and cfg.attrs.contents.id == 6 and cfg.attrs.contents.value[0] == 1  # PDL allowed
+    assert ctypes.addressof(cfg.attrs.contents) == ctypes.addressof(attr)  # kept alive with the config

@@ -347,15 +347,21 @@ class Tensors:
         with self.cupy.cuda.Device(self.device):
             return self.cupy.empty(count, dtype="float64" if double else "float32")
 
-    def launch(self, fn, grid: tuple[int, int, int], block: int, args) -> None:
+    def launch(self, fn, grid: tuple[int, int, int], block: int, args, dependent: bool = False) -> None:
+        """``dependent``: the kernel waits for the launch before it (Note [dependent launch]; replays only)."""
         with self.cupy.cuda.Device(self.device):
             fn(grid, (block, 1, 1), (args,), stream=self.stream)
         if self.rec is not None:
-            self.rec.launched(fn, grid, block, args)
+            self.rec.launched(fn, grid, block, args, dependent)
 
-    def launch_head(self, fn, grid: tuple[int, int, int], block: int) -> tuple | None:
-        """What launch_block may take as ``head``: the driver's converted leading arguments, or None."""
-        return None if self._driver is None else self._driver.head(fn.ptr, grid, block)
+    def launch_head(self, fn, grid: tuple[int, int, int], block: int, dependent: bool = False) -> tuple | None:
+        """What launch_block may take as ``head``: the driver's converted leading arguments (of a launch with
+        programmatic stream serialization where ``dependent`` and the device takes it), or None."""
+        if self._driver is None:
+            return None
+        if dependent and self._driver.dependent_ok(self.device):
+            return self._driver.head_ex(fn.ptr, grid, block)
+        return self._driver.head(fn.ptr, grid, block)
 
     def launch_block(self, fn, grid: tuple[int, int, int], block: int, block_args, stream: int,
                      head: tuple | None = None) -> None:

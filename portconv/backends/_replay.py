@@ -14,16 +14,39 @@ PORTCONV_CUDA_IGEMM_TC_TILE) are therefore read when a plan's direction is first
 On CUDA the launch goes straight to the driver
 (cuLaunchKernel through ctypes, about 2 us instead of CuPy's 7 us measured on an H100; the argument block is the
 kernel's only parameter and the driver copies it at launch); CuPy for ROCm launches through CuPy.
+
+Note [dependent launch]
+A split reduction is two kernels: the partial sums, then portconv_split_finalize. Its finalize is recorded as a
+dependent step, and on a GPU of compute capability 9.0 or newer the replay launches it with cuLaunchKernelEx and
+programmatic stream serialization (PDL): the GPU may start it before the kernel before it has finished, and it
+waits inside (pc_grid_dependency_wait, griddepcontrol.wait in cuda/prelude.cuh) until that kernel has completed and
+its writes are visible. Nothing is read before the wait, and the kernel waited for started only after everything
+before it in the stream, so the order of every memory access is the ordinary one; what goes is the gap between the
+two kernels. PORTCONV_CUDA_PDL=0 (read when the driver is first loaded), an older GPU or a driver without
+cuLaunchKernelEx: the ordinary launch. The first call of a plan (CuPy's launch) is never a dependent launch.
 """
 from __future__ import annotations
 
 import ctypes
 import dataclasses
+import os
 import threading
 
 POINTER_FIELDS = 5  # x, w, y, b, ws: the first five int64 fields of the argument block (cuda/common.cuh)
 
 _CUDA_ERROR_INVALID_CONTEXT = 201
+_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
+PDL_ENV = "PORTCONV_CUDA_PDL"
+
+
+class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id, padding, a 64-byte value union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)), ("count", ctypes.c_uint)]
 _driver = None
 _driver_lock = threading.Lock()
 
@@ -39,6 +62,38 @@ class DriverLaunch:
         self._launch.restype = ctypes.c_int
         self._name = lib.cuGetErrorName
         self._name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+        # Note [dependent launch]: cuLaunchKernelEx (CUDA 12.0 drivers and newer) on GPUs of sm_90 and newer
+        self._launch_ex = getattr(lib, "cuLaunchKernelEx", None) if os.environ.get(PDL_ENV, "1") != "0" else None
+        if self._launch_ex is not None:
+            self._launch_ex.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p,
+                                        ctypes.c_void_p]
+            self._launch_ex.restype = ctypes.c_int
+            self._attr = lib.cuDeviceGetAttribute
+            self._attr.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int]
+            self._attr.restype = ctypes.c_int
+        self._pdl_devices: dict[int, bool] = {}
+        self.pdl = self._launch_ex is not None  # scripts may switch it off (A/B timing in one process)
+
+    def dependent_ok(self, device: int) -> bool:
+        """Whether a dependent launch on ``device`` goes through PDL (Note [dependent launch])."""
+        if not self.pdl:
+            return False
+        ok = self._pdl_devices.get(device)
+        if ok is None:
+            major = ctypes.c_int(0)
+            ok = self._attr(ctypes.byref(major), _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device) == 0 and (
+                major.value >= 9)
+            self._pdl_devices[device] = ok
+        return ok
+
+    @staticmethod
+    def head_ex(fn_ptr: int, grid, block: int) -> tuple:
+        """cuLaunchKernelEx's configuration of a dependent launch (its stream set at each call) and function."""
+        attr = _LaunchAttribute(_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+        attr.value[0] = 1  # programmaticStreamSerializationAllowed
+        cfg = _LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(block, 1, 1), 0, None,
+                            ctypes.pointer(attr), 1)
+        return "ex", cfg, attr, ctypes.c_void_p(fn_ptr)
 
     @staticmethod
     def head(fn_ptr: int, grid, block: int) -> tuple:
@@ -48,17 +103,24 @@ class DriverLaunch:
         return ctypes.c_void_p(fn_ptr), u(grid[0]), u(grid[1]), u(grid[2]), u(block), u(1), u(1), u(0)
 
     def __call__(self, head: tuple, block_args, stream: int, device: int) -> None:
+        """Launch with ``head`` (head() or, for a dependent launch, head_ex())."""
         pp = ctypes.c_void_p(ctypes.addressof(block_args))
-        err = self._launch(*head, stream, ctypes.byref(pp), None)
+        if head[0] == "ex":
+            head[1].stream = stream
+            go = lambda: self._launch_ex(ctypes.byref(head[1]), head[3], ctypes.byref(pp), None)  # noqa: E731
+        else:
+            go = lambda: self._launch(*head, stream, ctypes.byref(pp), None)  # noqa: E731
+        err = go()
         if err == _CUDA_ERROR_INVALID_CONTEXT:  # a thread that never made the device's context current
             import cupy
 
             cupy.cuda.runtime.setDevice(device)
-            err = self._launch(*head, stream, ctypes.byref(pp), None)
+            err = go()
         if err:
             name = ctypes.c_char_p()
             self._name(err, ctypes.byref(name))
-            raise RuntimeError(f"cuLaunchKernel failed: {(name.value or b'?').decode()} ({err})")
+            what = "cuLaunchKernelEx (Note [dependent launch])" if head[0] == "ex" else "cuLaunchKernel"
+            raise RuntimeError(f"{what} failed: {(name.value or b'?').decode()} ({err})")
 
 
 def driver_launch() -> DriverLaunch | None:
@@ -82,6 +144,7 @@ class Step:
     args: ctypes.Array  # the argument block as recorded (c_int64 * ARG_COUNT)
     slots: tuple[tuple[int, str], ...]  # (pointer field, role)
     head: tuple | None = None  # DriverLaunch.head of this launch, made at its first replay
+    dependent: bool = False  # Note [dependent launch]: it waits for the launch before it (a split finalize)
 
 
 class Recording:
@@ -115,14 +178,15 @@ class Recording:
                 slots.append((i, role))
         self.pending[id(args)] = (args, tuple(slots))
 
-    def launched(self, fn, grid, block: int, args) -> None:
+    def launched(self, fn, grid, block: int, args, dependent: bool = False) -> None:
         got = self.pending.get(id(args))
         if got is None or got[0] is not args:  # a block not built by the recorded argument builder
             self.ok = False
             return
         raw = args.tobytes()
         block_args = (ctypes.c_int64 * (len(raw) // 8)).from_buffer_copy(raw)
-        self.steps.append(Step(fn, tuple(int(g) for g in grid), int(block), block_args, got[1]))
+        self.steps.append(Step(fn, tuple(int(g) for g in grid), int(block), block_args, got[1],
+                               dependent=dependent and bool(self.steps)))
 
     def program(self, outputs: tuple) -> Program | None:
         """The replayable program, or None when the call was not fully described."""
@@ -155,6 +219,6 @@ class Program:
             for i, role in s.slots:
                 a[i] = ptr(vals[role])
             if s.head is None:
-                s.head = io.launch_head(s.fn, s.grid, s.block)
+                s.head = io.launch_head(s.fn, s.grid, s.block, s.dependent)
             io.launch_block(s.fn, s.grid, s.block, a, stream, s.head)
         return tuple(None if r is None else vals[r] for r in self.outputs)

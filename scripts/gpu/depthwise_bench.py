@@ -23,7 +23,7 @@ from math import prod
 import torch
 import torch.nn.functional as F
 
-from portconv.backends import BackendId, Problem, cuda
+from portconv.backends import BackendId, Problem, _replay, cuda
 from portconv.params import ConvParams
 from portconv.plan import Plan
 from portconv.tensors import spec_of
@@ -167,7 +167,8 @@ KNOBS = {  # variant key: (-D define, the cuda.DW_TILE entries.index the host si
     "ring": ("PC_DWT_RING", None, True), "rd": ("PC_DWT_RD", None, True),
     "fring": ("PC_DWT_FRING", None, False), "frd": ("PC_DWT_FRD", None, False),
     "wminb": ("PC_DWT_WMINB", None, True), "nring": ("PC_DWT_NRING", None, True),
-    "wfin": (None, None, False), "wfmax": (None, None, False)}  # Note [warp finalize]: cuda.WARP_FINALIZE(_MAX)
+    "wfin": (None, None, False), "wfmax": (None, None, False),  # Note [warp finalize]: cuda.WARP_FINALIZE(_MAX)
+    "pdl": (None, None, False)}  # Note [dependent launch]: pdl=0 replays the finalize with an ordinary launch
 SAVED = {k: dict(getattr(cuda, k)) for k in ("DW_TILE", "DW_TILE_VC")}
 WARP_FINALIZE = (cuda.WARP_FINALIZE, cuda.WARP_FINALIZE_MAX)
 EXTRA: dict = {}  # (define, value, 16-bit only) of the variant
@@ -188,17 +189,24 @@ cuda._Run.__init__ = _init_with_tile
 def set_variant(var: str) -> None:
     """'v3' etc., or 'v3@key=value,...' for the tile kernels compiled with other -D defines (KNOBS: thn, vwn, pf,
     th3, vw3, thc, thc3, vwc, la, fring, frd; thn16, vwn16, pf16, pk, vc, thw4, vww4, ring, rd, wminb, nring for
-    16-bit dtypes only; wfin, wfmax: the host's Note [warp finalize] limits), the host's grid sizes set to match
-    (grids only size grid-stride loops; the weight gradient splits its units itself)."""
+    16-bit dtypes only; wfin, wfmax: the host's Note [warp finalize] limits; pdl=0: no Note [dependent launch]), the
+    host's grid sizes set to match (grids only size grid-stride loops; the weight gradient splits its units itself)."""
     name, _, shape = var.partition("@")
     os.environ[cuda.DW_ENV], os.environ[cuda.DW_TILE_ENV] = VARIANTS[name]
     EXTRA.clear()
     cuda.WARP_FINALIZE, cuda.WARP_FINALIZE_MAX = WARP_FINALIZE
+    driver = _replay.driver_launch()
+    if driver is not None:
+        driver.pdl = driver._launch_ex is not None
     for k, v in SAVED.items():
         getattr(cuda, k).update(v)
     for item in filter(None, shape.split(",")):
         key, _, val = item.partition("=")
         define, mirror, half = KNOBS[key]
+        if key == "pdl":  # read when a plan's replay first launches its finalize (a new plan per variant)
+            if driver is not None:
+                driver.pdl = driver.pdl and val != "0"
+            continue
         if key in ("wfin", "wfmax"):  # host constants: the finalize's mode travels in its flags (PC_FLAG_WARP)
             setattr(cuda, "WARP_FINALIZE" if key == "wfin" else "WARP_FINALIZE_MAX", int(val))
             continue

@@ -132,3 +132,6 @@ inline void pc_cp_async(void *dst, const void *src, bool ok) {
 inline void pc_cp_async_commit() {}
 template <int N>
 inline void pc_cp_async_wait() {}
+
+/* Note [dependent launch] of cuda/prelude.cuh: launches here are always ordered. */
+inline void pc_grid_dependency_wait() {}
