@@ -353,6 +353,44 @@ def test_probe_without_pyopencl_names_the_extra(monkeypatch):
     assert not avail and "pip install portconv[pocl]" in avail.reason
 
 
+def test_a_device_whose_compiler_fails_is_passed_over_with_the_reason(monkeypatch):
+    """Note [compiler probe]: chosen by type or default, a device is taken only once its compiler builds a one-line
+    kernel (pyopencl's bundled PoCL 3.0 fails with "unknown target CPU 'generic'" on CPUs its LLVM 14 does not know);
+    the reason names the device passed over; with no device left the backend is unavailable, saying what to install;
+    a device named by index is taken as named."""
+    import types
+
+    cpu = rt.cl().device_type.CPU
+
+    def fake(name, version):
+        return types.SimpleNamespace(name=name, type=cpu, int_ptr=id(name), platform=types.SimpleNamespace(
+            name="Portable Computing Language", version=version))
+
+    old, new = fake("pthread-AMD EPYC", "PoCL 3.0-rc2"), fake("pthread-znver-AMD EPYC", "PoCL 6.0")
+    broken = {old.int_ptr: "unknown target CPU 'generic'"}
+    monkeypatch.setattr(rt, "compiler_problem", lambda d: broken.get(d.int_ptr))
+    monkeypatch.setattr(rt, "all_devices", lambda: [(0, 0, old), (1, 0, new)])
+    rt.select.cache_clear()
+    try:
+        avail, pd = rt.select("cpu")
+        assert avail and pd == (1, 0) and "passed over (compiler failed): 0:0 pthread-AMD EPYC" in avail.reason
+        assert "unknown target CPU 'generic'" in avail.reason
+        assert rt.select(None)[1] == (1, 0) and rt.select("0:0")[1] == (0, 0)
+        monkeypatch.setattr(rt, "all_devices", lambda: [(0, 0, old)])
+        rt.select.cache_clear()
+        avail, pd = rt.select(None)
+        assert not avail and pd is None and "no usable OpenCL device" in avail.reason
+        assert "unknown target CPU 'generic'" in avail.reason and "pocl-opencl-icd" in avail.reason
+    finally:
+        rt.select.cache_clear()
+
+
+def test_the_compiler_probe_passes_on_the_chosen_device():
+    p, d = rt.default_index()
+    dev = next(e[2] for e in rt.all_devices() if (e[0], e[1]) == (p, d))
+    assert rt.compiler_problem(dev) is None
+
+
 def test_device_selection_and_listing(monkeypatch):
     devs = rt.all_devices()
     infos = get("opencl").devices()

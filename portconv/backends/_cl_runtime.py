@@ -66,35 +66,78 @@ def _is_simulator(dev) -> bool:
     return any(s in dev.platform.name.lower() for s in _SIMULATORS)
 
 
-def _pick(devs, spec: str | None):
-    """Apply PORTCONV_OPENCL_DEVICE ('P:D', 'gpu', 'cpu' or a name substring); returns one entry or None."""
+# Note [compiler probe]: an OpenCL device can be listed and still fail to build any program: the PoCL that pyopencl's
+# wheel bundles (3.0-rc2, LLVM 14) answers "unknown target CPU 'generic'" on CPUs its LLVM does not know (seen here on
+# an AMD EPYC with AVX-512 VP2INTERSECT, a Zen 5). Chosen by type or by default, a device is taken only once its
+# compiler has built a one-line kernel; a device named by index or name is taken as named, so its own error shows.
+_PROBE_SOURCE = "__kernel void portconv_probe(__global float *a) { a[get_global_id(0)] = 1.0f; }"
+
+
+@functools.cache
+def _compiler_problem_of(key: int) -> str | None:
+    dev = _probe_devices[key]
     mod = cl()
+    try:
+        mod.Program(mod.Context([dev]), _PROBE_SOURCE).build()
+    except mod.Error as e:
+        text = str(e)
+        m = re.search(r"^(?:error: )?(.*error.*|unknown.*)$", text.split("Build on", 1)[-1], re.M | re.I)
+        return " ".join((m.group(1) if m else text).split())[:240]
+    return None
+
+
+_probe_devices: dict[int, object] = {}
+
+
+def compiler_problem(dev) -> str | None:
+    """Why ``dev``'s OpenCL compiler cannot build a one-line kernel, or None; probed once per device and process."""
+    _probe_devices.setdefault(dev.int_ptr, dev)
+    return _compiler_problem_of(dev.int_ptr)
+
+
+def _pick(devs, spec: str | None) -> tuple[tuple | None, list[str]]:
+    """Apply PORTCONV_OPENCL_DEVICE ('P:D', 'gpu', 'cpu' or a name substring): (one entry or None, the devices
+    passed over because their compiler failed, Note [compiler probe])."""
+    mod = cl()
+    skipped: list[str] = []
 
     def of_type(t):
         return [e for e in devs if e[2].type & t and not _is_simulator(e[2])]
 
+    def first_that_builds(entries):
+        for e in entries:
+            why = compiler_problem(e[2])
+            if why is None:
+                return e
+            skipped.append(f"{e[0]}:{e[1]} {e[2].name.strip()} ({e[2].platform.version.strip()}): {why}")
+        return None
+
     if spec is None:
         gpus, cpus = of_type(mod.device_type.GPU), of_type(mod.device_type.CPU)
-        return (gpus or cpus or devs or [None])[0]
+        return first_that_builds(gpus or cpus or devs), skipped
     s = spec.strip()
     m = re.fullmatch(r"(\d+):(\d+)", s)
     if m:
         want = (int(m.group(1)), int(m.group(2)))
-        return next((e for e in devs if (e[0], e[1]) == want), None)
+        return next((e for e in devs if (e[0], e[1]) == want), None), skipped
     if s.lower() in ("gpu", "cpu"):
-        found = of_type(mod.device_type.GPU if s.lower() == "gpu" else mod.device_type.CPU)
-        return found[0] if found else None
+        return first_that_builds(of_type(mod.device_type.GPU if s.lower() == "gpu" else mod.device_type.CPU)), skipped
     low = s.lower()
-    return next((e for e in devs if low in e[2].platform.name.lower() or low in e[2].name.lower()), None)
+    return next((e for e in devs if low in e[2].platform.name.lower() or low in e[2].name.lower()), None), skipped
 
 
 def _listing(devs) -> str:
     return "; ".join(f"{p}:{d} {dev.name.strip()} ({dev.platform.name.strip()})" for p, d, dev in devs) or "none"
 
 
+_NO_COMPILER_HINT = ("a PoCL whose LLVM knows this CPU (Debian/Ubuntu: apt-get install pocl-opencl-icd; pyopencl "
+                     "lists /etc/OpenCL/vendors first), or PORTCONV_OPENCL_DEVICE='P:D' to take a device anyway")
+
+
 @functools.cache
 def select(spec: str | None) -> tuple[Availability, tuple[int, int] | None]:
-    """The device PORTCONV_OPENCL_DEVICE=spec names (default: first GPU, else first CPU), with the reason."""
+    """The device PORTCONV_OPENCL_DEVICE=spec names (default: first GPU, else first CPU; by type or default, the
+    first whose compiler works, Note [compiler probe]), with the reason."""
     try:
         mod = cl()
     except VendorImportError as e:
@@ -106,14 +149,18 @@ def select(spec: str | None) -> tuple[Availability, tuple[int, int] | None]:
                                f"gives a CPU device"), None
     if not devs:
         return Availability.no(f"no OpenCL device found on any platform; {PIP_HINT} gives a CPU device"), None
-    hit = _pick(devs, spec)
+    hit, skipped = _pick(devs, spec)
     if hit is None:
+        if skipped:
+            return Availability.no(f"no usable OpenCL device{f' for PORTCONV_OPENCL_DEVICE={spec!r}' if spec else ''}"
+                                   f": the compiler failed on {'; '.join(skipped)}; {_NO_COMPILER_HINT}"), None
         return Availability.no(f"PORTCONV_OPENCL_DEVICE={spec!r} matches no OpenCL device; devices: "
                                f"{_listing(devs)}"), None
     p, d, dev = hit
     why = f"PORTCONV_OPENCL_DEVICE={spec!r}" if spec else "the first GPU, else the first CPU device"
+    passed = f"; passed over (compiler failed): {'; '.join(skipped)}" if skipped else ""
     return Availability.yes(f"OpenCL device {p}:{d} {dev.name.strip()} ({dev.platform.name.strip()}), "
-                            f"chosen as {why}"), (p, d)
+                            f"chosen as {why}{passed}"), (p, d)
 
 
 def default_index() -> tuple[int, int]:
