@@ -333,7 +333,15 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--strict", action="store_true", help="every warning fails")
     ap.add_argument("--json", help="write every unit's result here")
+    ap.add_argument("--hiprtc-only", action="store_true", help="only the run-time (hiprtc) compile check")
     args = ap.parse_args(argv)
+    if args.hiprtc_only:
+        if load_hiprtc() is None:
+            print("hiprtc not found (libhiprtc.so, or libamdhip64.so on Debian's HIP 5.2)", file=sys.stderr)
+            return 2
+        results = run_hiprtc(log=lambda s: None)
+        print(summary(results))
+        return 0 if results and all(r.ok for r in results) else 1
     hipcc = find_hipcc()
     if hipcc is None:
         print("hipcc not found: apt-get install -y --no-install-recommends hipcc libamdhip64-dev rocm-device-libs",
