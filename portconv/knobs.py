@@ -19,6 +19,8 @@ KNOBS = {
     "PORTCONV_POISON": "1: fill outputs with NaN before kernels run (the conformance suite sets it)",
     "PORTCONV_CACHE_DIR": "directory for compiled kernels and tuning results (default ~/.cache/portconv)",
     "PORTCONV_TUNE": "1: time candidate algorithms once per problem and persist the winner",
+    "PORTCONV_CUDA_PDL": ("0: launch a replayed split finalize the ordinary way instead of as a dependent launch "
+                          "(Note [dependent launch], sm_90 and newer); read when the CUDA driver is first loaded"),
 }
 
 

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import os
 import threading
+
+from .. import knobs
 
 POINTER_FIELDS = 5  # x, w, y, b, ws: the first five int64 fields of the argument block (cuda/common.cuh)
 
@@ -63,7 +64,7 @@ class DriverLaunch:
         self._name = lib.cuGetErrorName
         self._name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
         # Note [dependent launch]: cuLaunchKernelEx (CUDA 12.0 drivers and newer) on GPUs of sm_90 and newer
-        self._launch_ex = getattr(lib, "cuLaunchKernelEx", None) if os.environ.get(PDL_ENV, "1") != "0" else None
+        self._launch_ex = getattr(lib, "cuLaunchKernelEx", None) if knobs.get(PDL_ENV, "1") != "0" else None
         if self._launch_ex is not None:
             self._launch_ex.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p,
                                         ctypes.c_void_p]
