@@ -73,26 +73,22 @@ def _is_simulator(dev) -> bool:
 _PROBE_SOURCE = "__kernel void portconv_probe(__global float *a) { a[get_global_id(0)] = 1.0f; }"
 
 
-@functools.cache
-def _compiler_problem_of(key: int) -> str | None:
-    dev = _probe_devices[key]
-    mod = cl()
-    try:
-        mod.Program(mod.Context([dev]), _PROBE_SOURCE).build()
-    except mod.Error as e:
-        text = str(e)
-        m = re.search(r"^(?:error: )?(.*error.*|unknown.*)$", text.split("Build on", 1)[-1], re.M | re.I)
-        return " ".join((m.group(1) if m else text).split())[:240]
-    return None
-
-
-_probe_devices: dict[int, object] = {}
+_compiler_problems: dict[int, str | None] = {}  # pyopencl.Device.int_ptr -> compiler_problem's answer
 
 
 def compiler_problem(dev) -> str | None:
     """Why ``dev``'s OpenCL compiler cannot build a one-line kernel, or None; probed once per device and process."""
-    _probe_devices.setdefault(dev.int_ptr, dev)
-    return _compiler_problem_of(dev.int_ptr)
+    if dev.int_ptr not in _compiler_problems:
+        mod = cl()
+        try:
+            mod.Program(mod.Context([dev]), _PROBE_SOURCE).build()
+            why = None
+        except mod.Error as e:
+            text = str(e)
+            m = re.search(r"^(?:error: )?(.*error.*|unknown.*)$", text.split("Build on", 1)[-1], re.M | re.I)
+            why = " ".join((m.group(1) if m else text).split())[:240]
+        _compiler_problems[dev.int_ptr] = why
+    return _compiler_problems[dev.int_ptr]
 
 
 def _pick(devs, spec: str | None) -> tuple[tuple | None, list[str]]:

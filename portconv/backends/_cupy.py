@@ -359,7 +359,7 @@ class Tensors:
         programmatic stream serialization where ``dependent`` and the device takes it), or None."""
         if self._driver is None:
             return None
-        if dependent and self._driver.dependent_ok(self.device):
+        if dependent and self._driver.pdl and int(self.cupy.cuda.Device(self.device).compute_capability) >= 90:
             return self._driver.head_ex(fn.ptr, grid, block)
         return self._driver.head(fn.ptr, grid, block)
 

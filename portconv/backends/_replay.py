@@ -37,7 +37,6 @@ POINTER_FIELDS = 5  # x, w, y, b, ws: the first five int64 fields of the argumen
 
 _CUDA_ERROR_INVALID_CONTEXT = 201
 _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
-_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
 PDL_ENV = "PORTCONV_CUDA_PDL"
 
 
@@ -63,29 +62,13 @@ class DriverLaunch:
         self._launch.restype = ctypes.c_int
         self._name = lib.cuGetErrorName
         self._name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
-        # Note [dependent launch]: cuLaunchKernelEx (CUDA 12.0 drivers and newer) on GPUs of sm_90 and newer
+        # Note [dependent launch]: cuLaunchKernelEx (CUDA 12.0 drivers and newer); the caller checks the GPU (sm_90+)
         self._launch_ex = getattr(lib, "cuLaunchKernelEx", None) if knobs.get(PDL_ENV, "1") != "0" else None
         if self._launch_ex is not None:
             self._launch_ex.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p,
                                         ctypes.c_void_p]
             self._launch_ex.restype = ctypes.c_int
-            self._attr = lib.cuDeviceGetAttribute
-            self._attr.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int]
-            self._attr.restype = ctypes.c_int
-        self._pdl_devices: dict[int, bool] = {}
         self.pdl = self._launch_ex is not None  # scripts may switch it off (A/B timing in one process)
-
-    def dependent_ok(self, device: int) -> bool:
-        """Whether a dependent launch on ``device`` goes through PDL (Note [dependent launch])."""
-        if not self.pdl:
-            return False
-        ok = self._pdl_devices.get(device)
-        if ok is None:
-            major = ctypes.c_int(0)
-            ok = self._attr(ctypes.byref(major), _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device) == 0 and (
-                major.value >= 9)
-            self._pdl_devices[device] = ok
-        return ok
 
     @staticmethod
     def head_ex(fn_ptr: int, grid, block: int) -> tuple:
@@ -103,20 +86,21 @@ class DriverLaunch:
         u = ctypes.c_uint
         return ctypes.c_void_p(fn_ptr), u(grid[0]), u(grid[1]), u(grid[2]), u(block), u(1), u(1), u(0)
 
-    def __call__(self, head: tuple, block_args, stream: int, device: int) -> None:
-        """Launch with ``head`` (head() or, for a dependent launch, head_ex())."""
-        pp = ctypes.c_void_p(ctypes.addressof(block_args))
+    def _go(self, head: tuple, stream: int, pp) -> int:
         if head[0] == "ex":
             head[1].stream = stream
-            go = lambda: self._launch_ex(ctypes.byref(head[1]), head[3], ctypes.byref(pp), None)  # noqa: E731
-        else:
-            go = lambda: self._launch(*head, stream, ctypes.byref(pp), None)  # noqa: E731
-        err = go()
+            return self._launch_ex(ctypes.byref(head[1]), head[3], pp, None)
+        return self._launch(*head, stream, pp, None)
+
+    def __call__(self, head: tuple, block_args, stream: int, device: int) -> None:
+        """Launch with ``head`` (head() or, for a dependent launch, head_ex())."""
+        pp = ctypes.byref(ctypes.c_void_p(ctypes.addressof(block_args)))
+        err = self._go(head, stream, pp)
         if err == _CUDA_ERROR_INVALID_CONTEXT:  # a thread that never made the device's context current
             import cupy
 
             cupy.cuda.runtime.setDevice(device)
-            err = go()
+            err = self._go(head, stream, pp)
         if err:
             name = ctypes.c_char_p()
             self._name(err, ctypes.byref(name))
