@@ -62,6 +62,20 @@
 #ifndef PC_DWT_PK
 #define PC_DWT_PK 1 /* Note [packed rows] on (experiments: 0) */
 #endif
+#ifndef PC_DWT_DI
+#define PC_DWT_DI 1 /* Note [depth taps inner] (experiments: 0) */
+#endif
+#ifndef PC_DWT_3MINB
+/* blocks an SM the 3-D NCHW stride-1 kernels ask ptxas for: 2 (at most 128 registers) but for float64 and 64-bit
+ * indices, which would spill 1-1.5 KB at that cap */
+#define PC_DWT_3MINB (PC_DTYPE == 1 || PC_INDEX64 ? 1 : 2)
+#endif
+#ifndef PC_DWT_DZ
+#define PC_DWT_DZ 2 /* output planes (axis 0) a thread of that path: 2 share 2 of their 4 source planes */
+#endif
+#ifndef PC_DWT_DILA
+#define PC_DWT_DILA 0 /* its row lookahead (on: 128 registers and 160 bytes spilled, 0.307 -> 0.384 ms, "v10") */
+#endif
 #ifndef PC_DWT_LA
 #define PC_DWT_LA 1 /* Note [row lookahead] on (experiments: 0) */
 #endif
@@ -516,6 +530,94 @@ PC_DEVICE void pc_dwt_conv(const pc_conv_args &a, void *pool) {
     }
 }
 
+/* Note [depth taps inner]: the 3-D NCHW forward and stride-1 backward-data with at most 3 axis-0 taps, axis-0 stride
+ * and dilation 1 (dw3d-3x3x3) give a thread DZ = 2 output planes (axis 0) of its TH x VW tile and walk the tile rows
+ * once, the taps inside: one rolling window per source plane, DZ + 2 = 4 of them, so the two output planes share
+ * two of their source planes and a thread reads 4 planes for 2 outputs where pc_dwt_conv reads 3 for 1 (a third
+ * fewer loads through L1; ncu had its load path 72% busy at 39% of DRAM bandwidth). Each output row is finished
+ * and stored before the next, so 2 x VW accumulators live instead of TH x VW. A source plane outside the input
+ * gets an empty row range and reads as zeros; taps past R0 have zero weights. The host sizes the grid for one
+ * plane a thread (an upper bound of the grid-stride loop). Measured in notes-depthwise-v3.md "v10": H100 forward
+ * 0.307 -> 0.286 ms, backward-data 0.311 -> 0.282 (128 registers, 40 bytes spilled, 2 blocks an SM); its row
+ * lookahead (PC_DWT_DILA) spilled 160 bytes and took 0.384 ms, one output plane a thread (DZ 1) 0.309. */
+template <int S, bool BWD, int VW, int TH, int DZ>
+PC_DEVICE void pc_dwt_conv3i(const pc_conv_args &a) {
+    constexpr int WIN = (VW - 1) * S + 3, NP = DZ + 2; /* DZ output planes of a thread read NP source planes */
+    constexpr bool LA = PC_DWT_LA && PC_DWT_DILA;
+    constexpr int NR = LA ? 3 + S : 3;
+    const pc_t *PC_RESTRICT src = (const pc_t *)(BWD ? a.y : a.x);
+    pc_t *PC_RESTRICT dst = (pc_t *)(BWD ? a.x : a.y);
+    const pc_t *PC_RESTRICT w = (const pc_t *)a.w;
+    const pc_t *PC_RESTRICT b = (const pc_t *)a.b;
+    const pc_idx E0 = (pc_idx)(BWD ? a.Y[0] : a.X[0]), E1 = (pc_idx)(BWD ? a.Y[1] : a.X[1]);
+    const pc_idx E2 = (pc_idx)(BWD ? a.Y[2] : a.X[2]);
+    const pc_idx D0 = (pc_idx)(BWD ? a.X[0] : a.Y[0]), D1 = (pc_idx)(BWD ? a.X[1] : a.Y[1]);
+    const pc_idx D2 = (pc_idx)(BWD ? a.X[2] : a.Y[2]);
+    const pc_idx ss0 = (pc_idx)(BWD ? a.ys[0] : a.xs[0]), ss1 = (pc_idx)(BWD ? a.ys[1] : a.xs[1]);
+    const pc_idx ss2 = (pc_idx)(BWD ? a.ys[2] : a.xs[2]), ss3 = (pc_idx)(BWD ? a.ys[3] : a.xs[3]);
+    const pc_idx ss4 = (pc_idx)(BWD ? a.ys[4] : a.xs[4]);
+    const pc_idx ds0 = (pc_idx)(BWD ? a.xs[0] : a.ys[0]), ds1 = (pc_idx)(BWD ? a.xs[1] : a.ys[1]);
+    const pc_idx ds2 = (pc_idx)(BWD ? a.xs[2] : a.ys[2]), ds3 = (pc_idx)(BWD ? a.xs[3] : a.ys[3]);
+    const pc_idx ds4 = (pc_idx)(BWD ? a.xs[4] : a.ys[4]);
+    const pc_idx ws0 = (pc_idx)a.ws_[0], ws2 = (pc_idx)a.ws_[2], ws3 = (pc_idx)a.ws_[3], ws4 = (pc_idx)a.ws_[4];
+    const pc_idx R0 = (pc_idx)a.R[0], P0 = (pc_idx)a.P[0];
+    const pc_idx PE1 = BWD ? 2 - (pc_idx)a.P[1] : (pc_idx)a.P[1], PE2 = BWD ? 2 - (pc_idx)a.P[2] : (pc_idx)a.P[2];
+    const pc_idx C = (pc_idx)a.C, T1 = (D1 + TH - 1) / TH, NS = (D2 + VW - 1) / VW, DZN = (D0 + DZ - 1) / DZ;
+    const pc_idx total = (pc_idx)a.N * DZN * T1 * NS * C;
+    const bool cl = (a.flags & PC_FLAG_CL) != 0;
+    for (pc_idx e = pc_global_id(); e < total; e += pc_grid_stride()) {
+        pc_idx n, c, dz, t1, s;
+        pc_unflatten5(e, C, DZN, T1, NS, cl, n, c, dz, t1, s);
+        const pc_idx d0 = dz * DZ, d1s = t1 * TH, d2s = s * VW, b1 = d1s * S - PE1, b2 = d2s * S - PE2;
+        pc_acc_t bias[1] = {b ? (pc_acc_t)pc_ld(b, c * (pc_idx)a.bs) : (pc_acc_t)0};
+        const pc_idx db = n * ds0 + c * ds1 + d0 * ds2;
+        /* axis 0 has stride and dilation 1 (pc_dwt_conv_any checks): the thread's source plane k is i0 = d0 - P0 + k
+         * (forward: output plane d0 + z takes tap r0 = k - z) or d0 + P0 - 2 + k (backward-data: r0 = z + 2 - k) */
+        pc_acc_t wv[3][3][3][1];
+#pragma unroll
+        for (int r0 = 0; r0 < 3; ++r0)
+#pragma unroll
+            for (int r1 = 0; r1 < 3; ++r1)
+#pragma unroll
+                for (int r2 = 0; r2 < 3; ++r2)
+                    wv[r0][r1][r2][0] = r0 < R0 ? (pc_acc_t)pc_ld(w, c * ws0 + r0 * ws2 + (BWD ? 2 - r1 : r1) * ws3 +
+                                                                     (BWD ? 2 - r2 : r2) * ws4)
+                                                : (pc_acc_t)0;
+        pc_idx rb[NP], e1[NP];
+#pragma unroll
+        for (int k = 0; k < NP; ++k) {
+            const pc_idx i0 = BWD ? d0 + P0 - 2 + k : d0 - P0 + k;
+            const bool ok = i0 >= 0 && i0 < E0;
+            rb[k] = n * ss0 + c * ss1 + (ok ? i0 : 0) * ss2;
+            e1[k] = ok ? E1 : 0; /* an empty row range: the plane's window reads zeros */
+        }
+        pc_acc_t row[NP][NR][WIN][1];
+#pragma unroll
+        for (int k = 0; k < NP; ++k) pc_dwt_roll_in<S>(row[k], 0, src, rb[k], b1, 0, e1[k], ss3, b2, E2, ss4);
+#pragma unroll
+        for (int t = 0; t < TH; ++t) {
+#pragma unroll
+            for (int k = 0; k < NP; ++k) {
+                if (!LA && t > 0) pc_dwt_roll_in<S>(row[k], 3 - S, src, rb[k], b1, t, e1[k], ss3, b2, E2, ss4);
+                if (LA && t + 1 < TH)
+                    pc_dwt_roll_in<S, 0, true>(row[k], 3 - S, src, rb[k], b1, t + 1, e1[k], ss3, b2, E2, ss4);
+            }
+#pragma unroll
+            for (int z = 0; z < DZ; ++z) {
+                pc_acc_t acc[VW][1];
+#pragma unroll
+                for (int v = 0; v < VW; ++v) acc[v][0] = 0;
+#pragma unroll
+                for (int r0 = 0; r0 < 3; ++r0) pc_dwt_fma<S>(acc, row[BWD ? z + 2 - r0 : z + r0], 0, wv[r0]);
+                if (d1s + t < D1 && d0 + z < D0)
+                    pc_dwt_store<1, VW>(dst, db + z * ds2 + (d1s + t) * ds3 + d2s * ds4, ds4, D2 - d2s, acc, bias);
+            }
+#pragma unroll
+            for (int k = 0; k < NP; ++k) pc_dwt_roll_on<S, LA>(row[k]);
+        }
+    }
+}
+
 /* CLV: try the vector path (channels-last), else one channel per thread; ONE0: the view has one axis-0 tap. */
 template <int S, bool BWD, bool ONE0, bool CLV>
 PC_DEVICE void pc_dwt_conv_any(const pc_conv_args &a) {
@@ -530,7 +632,9 @@ PC_DEVICE void pc_dwt_conv_any(const pc_conv_args &a) {
     constexpr int B0 = pc_dwt_ring_bytes<S, VC, VW, 0>(RV), B1 = pc_dwt_ring_bytes<S, 1, VW, 2>(RP);
     constexpr int B = B0 > B1 ? B0 : B1;
     PC_SHARED pc_vec<unsigned, 4> pool[B > 0 ? B / 16 : 1];
-    if (CLV && VC > 1 && pc_dwt_vec_ok<VC>(a))
+    if (!CLV && !ONE0 && S == 1 && PC_DWT_DI && a.R[0] <= 3 && a.S[0] == 1 && a.DL[0] == 1) /* [depth taps inner] */
+        pc_dwt_conv3i<S, BWD, VW, TH, PC_DWT_DZ>(a);
+    else if (CLV && VC > 1 && pc_dwt_vec_ok<VC>(a))
         pc_dwt_conv<S, BWD, (CLV ? VC : 1), ONE0, VW, TH, PF, 0, RV>(a, pool);
     else if (N16 && VW % 2 == 0 && PC_DWT_PK && pc_dwt_pk_ok(a)) /* b2's parity is P2's (stride-1 bwd: 2 - P2) */
         (a.P[2] & 1) ? pc_dwt_conv<S, BWD, 1, ONE0, VW, TH, PF, 2, RP>(a, pool)
@@ -768,7 +872,7 @@ PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_fwd_tilen_s1(const pc_co
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_fwd_tile3d_s1(const pc_conv_args a) {
     pc_dwt_conv_any<1, false, false, true>(a);
 }
-PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_fwd_tilen3d_s1(const pc_conv_args a) {
+PC_KERNEL void PC_LAUNCH_BOUNDS_MIN(256, PC_DWT_3MINB) portconv_depthwise_fwd_tilen3d_s1(const pc_conv_args a) {
     pc_dwt_conv_any<1, false, false, false>(a);
 }
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_fwd_tile_s2(const pc_conv_args a) {
@@ -792,7 +896,7 @@ PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_data_tilen_s1(const 
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_data_tile3d_s1(const pc_conv_args a) {
     pc_dwt_conv_any<1, true, false, true>(a);
 }
-PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_data_tilen3d_s1(const pc_conv_args a) {
+PC_KERNEL void PC_LAUNCH_BOUNDS_MIN(256, PC_DWT_3MINB) portconv_depthwise_bwd_data_tilen3d_s1(const pc_conv_args a) {
     pc_dwt_conv_any<1, true, false, false>(a);
 }
 PC_KERNEL void PC_LAUNCH_BOUNDS_MIN(256, PC_DWT_WMINB) portconv_depthwise_bwd_weight_tile2d_s1(const pc_conv_args a) {

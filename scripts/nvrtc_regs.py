@@ -61,9 +61,9 @@ def summary(log: str, match: str = "") -> list[str]:
         m = re.search(r"(\d+) bytes spill stores", line)
         if m and name:
             spill = m.group(1)
-        m = re.search(r"Used (\d+) registers.*?(\d+) bytes smem", line)
+        m = re.search(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?", line)  # no smem: no "bytes smem"
         if m and name and match in name:
-            rows.append(f"{name}: {m.group(1)} registers, {spill} bytes spilled, {m.group(2)} bytes smem")
+            rows.append(f"{name}: {m.group(1)} registers, {spill} bytes spilled, {m.group(2) or 0} bytes smem")
     return rows
 
 

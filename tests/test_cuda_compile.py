@@ -355,6 +355,8 @@ DW3_CASES = [
     EmuCase(3, 1, 3, 3, 10, 3, padding=1, groups=3),  # NCHW 3-D under 'all': 10 rows, a part-filled 8-row tile
     EmuCase(2, 2, 2, 2, 5, 3, padding=1, groups=2),  # NCHW 2-D under 'all': 5 rows, fewer than a tile's 8
     EmuCase(2, 2, 64, 64, 10, 3, padding=1, groups=64, layout="chlast"),  # 16-bit: 1-2 weight units a thread
+    EmuCase(3, 1, 2, 2, 8, 3, padding=2, groups=2),  # NCHW 3-D under 'all': padding 2, 10 output columns
+    EmuCase(3, 2, 2, 2, 9, 3, padding=1, groups=2, layout="strided"),  # NCHW 3-D, strided X
 ]
 
 

@@ -167,6 +167,8 @@ KNOBS = {  # variant key: (-D define, the cuda.DW_TILE entries.index the host si
     "ring": ("PC_DWT_RING", None, True), "rd": ("PC_DWT_RD", None, True),
     "fring": ("PC_DWT_FRING", None, False), "frd": ("PC_DWT_FRD", None, False),
     "wminb": ("PC_DWT_WMINB", None, True), "nring": ("PC_DWT_NRING", None, True),
+    "di": ("PC_DWT_DI", None, False), "dila": ("PC_DWT_DILA", None, False), "minb3": ("PC_DWT_3MINB", None, False),
+    "dz": ("PC_DWT_DZ", None, False),
     "wfin": (None, None, False), "wfmax": (None, None, False),  # Note [warp finalize]: cuda.WARP_FINALIZE(_MAX)
     "pdl": (None, None, False)}  # Note [dependent launch]: pdl=0 replays the finalize with an ordinary launch
 SAVED = {k: dict(getattr(cuda, k)) for k in ("DW_TILE", "DW_TILE_VC")}
@@ -188,7 +190,7 @@ cuda._Run.__init__ = _init_with_tile
 
 def set_variant(var: str) -> None:
     """'v3' etc., or 'v3@key=value,...' for the tile kernels compiled with other -D defines (KNOBS: thn, vwn, pf,
-    th3, vw3, thc, thc3, vwc, la, fring, frd; thn16, vwn16, pf16, pk, vc, thw4, vww4, ring, rd, wminb, nring for
+    th3, vw3, thc, thc3, vwc, la, fring, frd, di, dila, minb3, dz; thn16, vwn16, pf16, pk, vc, thw4, vww4, ring, rd, wminb, nring for
     16-bit dtypes only; wfin, wfmax: the host's Note [warp finalize] limits; pdl=0: no Note [dependent launch]), the
     host's grid sizes set to match (grids only size grid-stride loops; the weight gradient splits its units itself)."""
     name, _, shape = var.partition("@")
