@@ -190,9 +190,10 @@ cuda._Run.__init__ = _init_with_tile
 
 def set_variant(var: str) -> None:
     """'v3' etc., or 'v3@key=value,...' for the tile kernels compiled with other -D defines (KNOBS: thn, vwn, pf,
-    th3, vw3, thc, thc3, vwc, la, fring, frd, di, dila, minb3, dz; thn16, vwn16, pf16, pk, vc, thw4, vww4, ring, rd, wminb, nring for
-    16-bit dtypes only; wfin, wfmax: the host's Note [warp finalize] limits; pdl=0: no Note [dependent launch]), the
-    host's grid sizes set to match (grids only size grid-stride loops; the weight gradient splits its units itself)."""
+    th3, vw3, thc, thc3, vwc, la, fring, frd, di, dila, minb3, dz; thn16, vwn16, pf16, pk, vc, thw4, vww4, ring, rd,
+    wminb, nring for 16-bit dtypes only; wfin, wfmax: the host's Note [warp finalize] limits; pdl=0: no Note
+    [dependent launch]), the host's grid sizes set to match (grids only size grid-stride loops; the weight gradient
+    splits its units itself)."""
     name, _, shape = var.partition("@")
     os.environ[cuda.DW_ENV], os.environ[cuda.DW_TILE_ENV] = VARIANTS[name]
     EXTRA.clear()
