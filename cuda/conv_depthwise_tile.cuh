@@ -42,7 +42,7 @@
 #define PC_DWT_TH3 8 /* [nchw3d] 3-D NCHW ('tilen3d') */
 #endif
 #ifndef PC_DWT_VW3
-#define PC_DWT_VW3 4
+#define PC_DWT_VW3 2 /* 2 since Note [depth taps inner] (4 there: 40 bytes spilled, no room for its row lookahead) */
 #endif
 #ifndef PC_DWT_THC
 #define PC_DWT_THC 14 /* [cl] 2-D channels-last ('tile'), rolling window; 14 divides 56 and 112 (16: notes "v9") */
@@ -72,9 +72,6 @@
 #endif
 #ifndef PC_DWT_DZ
 #define PC_DWT_DZ 2 /* output planes (axis 0) a thread of that path: 2 share 2 of their 4 source planes */
-#endif
-#ifndef PC_DWT_VWI
-#define PC_DWT_VWI 2 /* its columns a thread (4: 40 bytes spilled; rows: PC_DWT_TH3) */
 #endif
 #ifndef PC_DWT_DILA
 #define PC_DWT_DILA 1 /* its row lookahead (with 4 columns: 160 bytes spilled, 0.286 -> 0.384 ms; "v10") */
@@ -426,18 +423,26 @@ PC_DEVICE void pc_dwt_conv_ring(const pc_t *PC_RESTRICT src, pc_idx rb, pc_idx b
     pc_cp_async_wait<0>();
 }
 
-/* Extents and strides of a forward / backward-data walk: the source's (X, or dY for backward-data: E, ss) and the
- * destination's (Y or dX: D, ds), in the order the kernels bind them. */
-struct pc_dwt_io {
-    pc_idx E0, E1, E2, D0, D1, D2, ss0, ss1, ss2, ss3, ss4, ds0, ds1, ds2, ds3, ds4;
-};
-template <bool BWD>
-PC_DEVICE pc_dwt_io pc_dwt_io_of(const pc_conv_args &a) {
-    const long long *E = BWD ? a.Y : a.X, *D = BWD ? a.X : a.Y, *ss = BWD ? a.ys : a.xs, *ds = BWD ? a.xs : a.ys;
-    return {(pc_idx)E[0],  (pc_idx)E[1],  (pc_idx)E[2],  (pc_idx)D[0],  (pc_idx)D[1],  (pc_idx)D[2],
-            (pc_idx)ss[0], (pc_idx)ss[1], (pc_idx)ss[2], (pc_idx)ss[3], (pc_idx)ss[4], (pc_idx)ds[0],
-            (pc_idx)ds[1], (pc_idx)ds[2], (pc_idx)ds[3], (pc_idx)ds[4]};
-}
+/* The locals every forward / backward-data walk (pc_dwt_conv, pc_dwt_conv3i) binds: the source (X, or dY for
+ * backward-data: src, E*, ss*) and the destination (Y or dX: dst, D*, ds*), the weights and the bias. A macro, not a
+ * helper returning a struct: the struct changed the machine code of the 16-bit NCHW kernels (nvcc sm_90), and these
+ * are the kernels the H100 measured. */
+#define PC_DWT_WALK_LOCALS(BWD)                                                                                       \
+    const pc_t *PC_RESTRICT src = (const pc_t *)(BWD ? a.y : a.x);                                                    \
+    pc_t *PC_RESTRICT dst = (pc_t *)(BWD ? a.x : a.y);                                                                \
+    const pc_t *PC_RESTRICT w = (const pc_t *)a.w;                                                                    \
+    const pc_t *PC_RESTRICT b = (const pc_t *)a.b;                                                                    \
+    const pc_idx E0 = (pc_idx)(BWD ? a.Y[0] : a.X[0]), E1 = (pc_idx)(BWD ? a.Y[1] : a.X[1]);                          \
+    const pc_idx E2 = (pc_idx)(BWD ? a.Y[2] : a.X[2]);                                                                \
+    const pc_idx D0 = (pc_idx)(BWD ? a.X[0] : a.Y[0]), D1 = (pc_idx)(BWD ? a.X[1] : a.Y[1]);                          \
+    const pc_idx D2 = (pc_idx)(BWD ? a.X[2] : a.Y[2]);                                                                \
+    const pc_idx ss0 = (pc_idx)(BWD ? a.ys[0] : a.xs[0]), ss1 = (pc_idx)(BWD ? a.ys[1] : a.xs[1]);                    \
+    const pc_idx ss2 = (pc_idx)(BWD ? a.ys[2] : a.xs[2]), ss3 = (pc_idx)(BWD ? a.ys[3] : a.xs[3]);                    \
+    const pc_idx ss4 = (pc_idx)(BWD ? a.ys[4] : a.xs[4]);                                                             \
+    const pc_idx ds0 = (pc_idx)(BWD ? a.xs[0] : a.ys[0]), ds1 = (pc_idx)(BWD ? a.xs[1] : a.ys[1]);                    \
+    const pc_idx ds2 = (pc_idx)(BWD ? a.xs[2] : a.ys[2]), ds3 = (pc_idx)(BWD ? a.xs[3] : a.ys[3]);                    \
+    const pc_idx ds4 = (pc_idx)(BWD ? a.xs[4] : a.ys[4]);                                                             \
+    const pc_idx ws0 = (pc_idx)a.ws_[0], ws2 = (pc_idx)a.ws_[2], ws3 = (pc_idx)a.ws_[3], ws4 = (pc_idx)a.ws_[4]
 
 /* Forward (BWD false: X -> Y, stride S) or stride-1 backward-data (BWD true: dY -> dX, flipped filter).
  * ONE0: the view has one tap on axis 0 (2-D and 1-D problems): each tile row is stored as soon as it is done,
@@ -445,12 +450,7 @@ PC_DEVICE pc_dwt_io pc_dwt_io_of(const pc_conv_args &a) {
 template <int S, bool BWD, int VC, bool ONE0, int VW, int TH, bool PF, int PK = 0, bool RING = false>
 PC_DEVICE void pc_dwt_conv(const pc_conv_args &a, void *pool) {
     constexpr int WIN = (VW - 1) * S + 3, TA = ONE0 ? 1 : TH;
-    const pc_t *PC_RESTRICT src = (const pc_t *)(BWD ? a.y : a.x);
-    pc_t *PC_RESTRICT dst = (pc_t *)(BWD ? a.x : a.y);
-    const pc_t *PC_RESTRICT w = (const pc_t *)a.w;
-    const pc_t *PC_RESTRICT b = (const pc_t *)a.b;
-    const auto [E0, E1, E2, D0, D1, D2, ss0, ss1, ss2, ss3, ss4, ds0, ds1, ds2, ds3, ds4] = pc_dwt_io_of<BWD>(a);
-    const pc_idx ws0 = (pc_idx)a.ws_[0], ws2 = (pc_idx)a.ws_[2], ws3 = (pc_idx)a.ws_[3], ws4 = (pc_idx)a.ws_[4];
+    PC_DWT_WALK_LOCALS(BWD);
     const pc_idx R0 = ONE0 ? 1 : (pc_idx)a.R[0];
     const pc_idx PE1 = BWD ? 2 - (pc_idx)a.P[1] : (pc_idx)a.P[1], PE2 = BWD ? 2 - (pc_idx)a.P[2] : (pc_idx)a.P[2];
     const pc_idx CV = (pc_idx)a.C / VC, T1 = (D1 + TH - 1) / TH, NS = (D2 + VW - 1) / VW;
@@ -543,21 +543,15 @@ PC_DEVICE void pc_dwt_conv(const pc_conv_args &a, void *pool) {
  * two of their source planes and a thread reads 4 planes for 2 outputs where pc_dwt_conv reads 3 for 1 (a third
  * fewer loads through L1; ncu had its load path 72% busy at 39% of DRAM bandwidth). Each output row is finished
  * and stored before the next, so 2 x VW accumulators live instead of TH x VW. A source plane outside the input
- * gets an empty row range and reads as zeros; taps past R0 have zero weights. The host sizes the grid for the
- * family's 8 x 4 tile of one plane, as many threads as 8 x 2 tiles of two planes. Measured in notes-depthwise-v3.md
+ * gets an empty row range and reads as zeros; taps past R0 have zero weights. Measured in notes-depthwise-v3.md
  * "v10" (H100, forward / backward-data kern): 0.307 / 0.311 ms before; 8 x 4 tiles 0.286 / 0.282 (40 bytes spilled
- * at 128 registers, so no row lookahead); 8 x 2 with Note [row lookahead] 0.247 / 0.274 (no spill). */
+ * at 128 registers, so no row lookahead); 8 x 2 with Note [row lookahead] 0.247 / 0.274 (no spill), the default. */
 template <int S, bool BWD, int VW, int TH, int DZ>
 PC_DEVICE void pc_dwt_conv3i(const pc_conv_args &a) {
     constexpr int WIN = (VW - 1) * S + 3, NP = DZ + 2; /* DZ output planes of a thread read NP source planes */
     constexpr bool LA = PC_DWT_LA && PC_DWT_DILA;
     constexpr int NR = LA ? 3 + S : 3;
-    const pc_t *PC_RESTRICT src = (const pc_t *)(BWD ? a.y : a.x);
-    pc_t *PC_RESTRICT dst = (pc_t *)(BWD ? a.x : a.y);
-    const pc_t *PC_RESTRICT w = (const pc_t *)a.w;
-    const pc_t *PC_RESTRICT b = (const pc_t *)a.b;
-    const auto [E0, E1, E2, D0, D1, D2, ss0, ss1, ss2, ss3, ss4, ds0, ds1, ds2, ds3, ds4] = pc_dwt_io_of<BWD>(a);
-    const pc_idx ws0 = (pc_idx)a.ws_[0], ws2 = (pc_idx)a.ws_[2], ws3 = (pc_idx)a.ws_[3], ws4 = (pc_idx)a.ws_[4];
+    PC_DWT_WALK_LOCALS(BWD);
     const pc_idx R0 = (pc_idx)a.R[0], P0 = (pc_idx)a.P[0];
     const pc_idx PE1 = BWD ? 2 - (pc_idx)a.P[1] : (pc_idx)a.P[1], PE2 = BWD ? 2 - (pc_idx)a.P[2] : (pc_idx)a.P[2];
     const pc_idx C = (pc_idx)a.C, T1 = (D1 + TH - 1) / TH, NS = (D2 + VW - 1) / VW, DZN = (D0 + DZ - 1) / DZ;
@@ -631,7 +625,7 @@ PC_DEVICE void pc_dwt_conv_any(const pc_conv_args &a) {
     constexpr int B = B0 > B1 ? B0 : B1;
     PC_SHARED pc_vec<unsigned, 4> pool[B > 0 ? B / 16 : 1];
     if (!CLV && !ONE0 && S == 1 && PC_DWT_DI && a.R[0] <= 3 && a.S[0] == 1 && a.DL[0] == 1) /* [depth taps inner] */
-        pc_dwt_conv3i<S, BWD, PC_DWT_VWI, TH, PC_DWT_DZ>(a);
+        pc_dwt_conv3i<S, BWD, VW, TH, PC_DWT_DZ>(a);
     else if (CLV && VC > 1 && pc_dwt_vec_ok<VC>(a))
         pc_dwt_conv<S, BWD, (CLV ? VC : 1), ONE0, VW, TH, PF, 0, RV>(a, pool);
     else if (N16 && VW % 2 == 0 && PC_DWT_PK && pc_dwt_pk_ok(a)) /* b2's parity is P2's (stride-1 bwd: 2 - P2) */

@@ -366,7 +366,7 @@ def test_depthwise_tile_shapes_match_the_header():
     src = (CUDA_DIR / "conv_depthwise_tile.cuh").read_text()
     d = {k: int(v) for k, v in re.findall(r"#define (PC_DWT_\w+) (\d+)", src)}
     fam = {"nchw": ("THN", "VWN"), "nchw16": ("THN16", "VWN16"), "nchw3d": ("TH3", "VW3"), "cl": ("THC", "VWC"),
-           "cl3d": ("THC3", "VWC"), "w4": ("THW4", "VWW4"), "nchw3di": ("TH3", "VWI")}
+           "cl3d": ("THC3", "VWC"), "w4": ("THW4", "VWW4")}
     assert cuda.DW_TILE == {k: (d["PC_DWT_" + th], d["PC_DWT_" + vw]) for k, (th, vw) in fam.items()}
     assert [cuda.dw_tile_key(cl, r, dt) for cl, r, dt in [(False, 2, "float32"), (False, 2, "bfloat16"),
             (False, 3, "float16"), (True, 2, "float16"), (True, 3, "float32"), (False, 1, "float64")]] == [

@@ -43,9 +43,8 @@ DW_V = 4  # PC_DW_V of cuda/conv_depthwise_rows.cuh: outputs per thread along th
 # Output rows x columns per thread of the fwd/bwd-data tile kernels of cuda/conv_depthwise_tile.cuh, per family (its
 # PC_DWT_THN/VWN, _THN16/VWN16, _TH3/VW3, _THC/VWC, _THC3/VWC): 'tilen_s*' (2-D NCHW; 'nchw16' in 16-bit types, Note
 # [packed rows]), 'tilen3d_s*', 'tile_s*' (2-D channels-last), 'tile3d_s*'
-DW_TILE = {"nchw": (8, 2), "nchw16": (8, 4), "nchw3d": (8, 4), "cl": (14, 2), "cl3d": (4, 2),
-           "w4": (8, 2),  # 'w4': the weight gradient's unit with 4 channels a thread (PC_DWT_THW4, _VWW4)
-           "nchw3di": (8, 2)}  # 'tilen3d_s1' where Note [depth taps inner] applies, in 2 depth planes (PC_DWT_VWI)
+DW_TILE = {"nchw": (8, 2), "nchw16": (8, 4), "nchw3d": (8, 2), "cl": (14, 2), "cl3d": (4, 2),
+           "w4": (8, 2)}  # 'w4': the weight gradient's unit with 4 channels a thread (PC_DWT_THW4, _VWW4)
 DW_TILE_VC = {"float32": 2, "float16": 4, "bfloat16": 4, "float64": 1}  # PC_DWT_VC: channels per thread (CL)
 # where the tile fwd/bwd_data kernels run: "auto" (default: channels-last, and NCHW with >= 16 rows and enough
 # tiles to fill the GPU, DW_TILE_MIN_WORK), "cl" (channels-last only) or "all"
@@ -241,7 +240,7 @@ def tile_shape(cl: bool, rank: int, dtype: str) -> str:
     """'rows x columns' of the depthwise fwd/bwd-data tile kernels for a layout, spatial rank and dtype (reasons)."""
     th, vw = DW_TILE[dw_tile_key(cl, rank, dtype)]
     if not cl and rank == 3:  # Note [depth taps inner] (stride 1, up to 3 depth taps of stride and dilation 1)
-        return f"{th}x{vw} ({'x'.join(map(str, DW_TILE['nchw3di']))} in 2 depth planes at stride 1)"
+        return f"{th}x{vw} (in 2 depth planes at stride 1)"
     return f"{th}x{vw}"
 
 
