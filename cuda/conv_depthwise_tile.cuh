@@ -537,6 +537,90 @@ PC_DEVICE void pc_dwt_conv(const pc_conv_args &a, void *pool) {
     }
 }
 
+/* Note [quad rows]: the 2-D NCHW forward and stride-1 backward-data in a 16-bit type where the window starts one column
+ * left of the strip (P2 == 1, so both directions' effective padding is 1), rows are a multiple of 4 long, and every
+ * stride but the unit last one is a multiple of 4 with 8-byte-aligned bases: a thread's strip of 4 columns is one
+ * aligned 8-byte load per source row, its two halo columns two 2-byte loads (zero at the row's ends, the only place a
+ * halo can fall outside), and its output row one 8-byte store. The Note [packed rows] walk does the same work through
+ * 4 pair copies of a ring and per-pair bounds and odd-length branches: nvcc sm_90 gave it ~2200 instructions a thread
+ * for an 8 x 4 tile (ncu: 31.2M on mbv2-dw3x3-bf16, issue 77% of cycles). Here the PC_DWT_QD source rows ahead of
+ * the one being multiplied stay raw (2 + 2 registers a row) and are widened once, into a 3-row window. Tile
+ * PC_DWT_THN16 x 4, as the host sizes the grid. Measured in docs/performance/notes-depthwise-v3.md "v11". */
+#ifndef PC_DWT_Q4
+#define PC_DWT_Q4 1 /* on (experiments: 0, the Note [packed rows] walk) */
+#endif
+#ifndef PC_DWT_QD
+#define PC_DWT_QD 4 /* raw source rows in flight ahead of the one multiplied (all TH + 2: 102 registers, slower; "v11") */
+#endif
+
+PC_DEVICE bool pc_dwt_q4_ok(const pc_conv_args &a) {
+    bool ok = sizeof(pc_t) == 2 && a.K == a.C && a.P[2] == 1 && a.X[2] % 4 == 0 && a.Y[2] == a.X[2];
+    ok = ok && a.R[0] == 1 && a.S[0] == 1 && a.P[0] == 0 && a.xs[4] == 1 && a.ys[4] == 1;
+    for (int i = 0; i < 4; ++i) ok = ok && a.xs[i] % 4 == 0 && a.ys[i] % 4 == 0;
+    return ok && a.x % 8 == 0 && a.y % 8 == 0;
+}
+
+template <bool BWD>
+PC_DEVICE void pc_dwt_conv_q4(const pc_conv_args &a) {
+    constexpr int TH = PC_DWT_THN16, NR = TH + 2, QD = PC_DWT_QD < NR ? PC_DWT_QD : NR;
+    typedef pc_vec<pc_t, 4> V4;
+    PC_DWT_WALK_LOCALS(BWD);
+    (void)E0, (void)E2, (void)D2, (void)ws2, (void)ss4, (void)ds4;
+    const pc_idx PE1 = BWD ? 2 - (pc_idx)a.P[1] : (pc_idx)a.P[1], C = (pc_idx)a.C;
+    const pc_idx T1 = (D1 + TH - 1) / TH, NS = D2 / 4, total = (pc_idx)a.N * D0 * T1 * NS * C;
+    for (pc_idx e = pc_global_id(); e < total; e += pc_grid_stride()) {
+        pc_idx n, c, d0, t1, s;
+        pc_unflatten5(e, C, D0, T1, NS, false, n, c, d0, t1, s);
+        const pc_idx b1 = t1 * TH - PE1;
+        const bool lok = s > 0, rok = s + 1 < NS;
+        const pc_t *PC_RESTRICT sp = src + n * ss0 + c * ss1 + d0 * ss2 + s * 4;
+        pc_t *PC_RESTRICT dp = dst + n * ds0 + c * ds1 + d0 * ds2 + t1 * TH * ds3 + s * 4;
+        pc_acc_t wv[3][3];
+#pragma unroll
+        for (int r1 = 0; r1 < 3; ++r1)
+#pragma unroll
+            for (int r2 = 0; r2 < 3; ++r2)
+                wv[r1][r2] = (pc_acc_t)pc_ld(w, c * ws0 + (BWD ? 2 - r1 : r1) * ws3 + (BWD ? 2 - r2 : r2) * ws4);
+        const pc_acc_t bias = b ? (pc_acc_t)pc_ld(b, c * (pc_idx)a.bs) : (pc_acc_t)0;
+        V4 core[NR];
+        pc_t hl[NR], hr[NR];
+        auto load = [&](int q) {
+            const pc_idx i1 = b1 + q;
+            const bool ok = i1 >= 0 && i1 < E1;
+            const pc_t *p = sp + i1 * ss3;
+            core[q] = ok ? pc_ld_vec((const V4 *)p) : V4{}; /* raw bits: zero is +0 in every 16-bit type */
+            hl[q] = ok && lok ? p[-1] : pc_t{};
+            hr[q] = ok && rok ? p[4] : pc_t{};
+        };
+#pragma unroll
+        for (int q = 0; q < QD; ++q) load(q);
+        pc_acc_t f[NR][6];
+#pragma unroll
+        for (int q = 0; q < NR; ++q) {
+            if (q + QD < NR) load(q + QD);
+            f[q][0] = (pc_acc_t)pc_ld(hl, q);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) f[q][j + 1] = (pc_acc_t)pc_ld(core[q].v, j);
+            f[q][5] = (pc_acc_t)pc_ld(hr, q);
+            if (q < 2) continue;
+            const int t = q - 2;
+            pc_acc_t acc[4] = {0, 0, 0, 0};
+#pragma unroll
+            for (int r1 = 0; r1 < 3; ++r1)
+#pragma unroll
+                for (int r2 = 0; r2 < 3; ++r2)
+#pragma unroll
+                    for (int v = 0; v < 4; ++v) acc[v] += f[t + r1][v + r2] * wv[r1][r2];
+            if (t1 * TH + t < D1) {
+                V4 out;
+#pragma unroll
+                for (int v = 0; v < 4; ++v) pc_st(out.v, v, acc[v] + bias);
+                pc_st_vec((V4 *)(dp + t * ds3), out);
+            }
+        }
+    }
+}
+
 /* Note [depth taps inner]: the 3-D NCHW forward and stride-1 backward-data with at most 3 axis-0 taps, axis-0 stride
  * and dilation 1 (dw3d-3x3x3) give a thread DZ = 2 output planes (axis 0) of its TH x VW tile and walk the tile rows
  * once, the taps inside: one rolling window per source plane, DZ + 2 = 4 of them, so the two output planes share
@@ -628,6 +712,8 @@ PC_DEVICE void pc_dwt_conv_any(const pc_conv_args &a) {
         pc_dwt_conv3i<S, BWD, VW, TH, PC_DWT_DZ>(a);
     else if (CLV && VC > 1 && pc_dwt_vec_ok<VC>(a))
         pc_dwt_conv<S, BWD, (CLV ? VC : 1), ONE0, VW, TH, PF, 0, RV>(a, pool);
+    else if (N16 && S == 1 && PC_DWT_Q4 && pc_dwt_q4_ok(a)) /* Note [quad rows] */
+        pc_dwt_conv_q4<BWD>(a);
     else if (N16 && VW % 2 == 0 && PC_DWT_PK && pc_dwt_pk_ok(a)) /* b2's parity is P2's (stride-1 bwd: 2 - P2) */
         (a.P[2] & 1) ? pc_dwt_conv<S, BWD, 1, ONE0, VW, TH, PF, 2, RP>(a, pool)
                      : pc_dwt_conv<S, BWD, 1, ONE0, VW, TH, PF, 1, RP>(a, pool);

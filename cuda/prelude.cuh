@@ -56,8 +56,18 @@ PC_DEVICE unsigned short pc_float_to_f16_bits(float f) {
 
 PC_DEVICE float pc_bf16_bits_to_float(unsigned short b) { return __uint_as_float(((unsigned)b) << 16); }
 
-/* Round to nearest even; NaN stays a (quiet) NaN with its sign. */
+/* Round to nearest even; NaN stays a (quiet) NaN. sm_80+: one cvt.rn.bf16.f32 (what PyTorch's __float2bfloat16 runs;
+ * NaN becomes the canonical 0x7fff), else six integer instructions (NaN keeps its sign: 0x7fc0 | sign). PC_BF16_CVT 0:
+ * always the integer form (experiments). */
+#ifndef PC_BF16_CVT
+#define PC_BF16_CVT 1
+#endif
 PC_DEVICE unsigned short pc_float_to_bf16_bits(float f) {
+#if PC_BF16_CVT && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+#endif
     unsigned u = __float_as_uint(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)(((u >> 16) & 0x8000u) | 0x7fc0u);
     u += 0x7fffu + ((u >> 16) & 1u);

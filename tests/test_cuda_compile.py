@@ -183,7 +183,7 @@ class EmuCase:
     groups: int = 1
     transposed: bool = False
     output_padding: int = 0
-    layout: str = "contig"  # contig, chlast, strided, rowpad (rows one element longer than the view)
+    layout: str = "contig"  # contig, chlast, strided, rowpad / rowpad4 (rows 1 / 4 elements longer than the view)
 
 
 EMU_CASES = [
@@ -222,8 +222,9 @@ def _data(case: EmuCase, dtype):
         x = x.contiguous(memory_format=fmt)
     elif case.layout == "strided":
         x = torch.randn(shape[:-1] + (shape[-1] * 2,), generator=g, dtype=torch.float64)[..., ::2]
-    elif case.layout == "rowpad":  # sliced after the conversion, which would make a non-dense view contiguous
-        x = torch.randn(shape[:-1] + (shape[-1] + 1,), generator=g, dtype=torch.float64).to(dtype)[..., :-1]
+    elif case.layout in ("rowpad", "rowpad4"):  # sliced after the conversion (that would make a non-dense view dense)
+        pad = 1 if case.layout == "rowpad" else 4
+        x = torch.randn(shape[:-1] + (shape[-1] + pad,), generator=g, dtype=torch.float64).to(dtype)[..., :-pad]
     return x.to(dtype), w.to(dtype), b.to(dtype)
 
 
@@ -357,6 +358,10 @@ DW3_CASES = [
     EmuCase(2, 2, 64, 64, 10, 3, padding=1, groups=64, layout="chlast"),  # 16-bit: 1-2 weight units a thread
     EmuCase(3, 1, 2, 2, 8, 3, padding=2, groups=2),  # NCHW 3-D under 'all': padding 2, 10 output columns
     EmuCase(3, 2, 2, 2, 9, 3, padding=1, groups=2, layout="strided"),  # NCHW 3-D, strided X
+    # Note [quad rows] (2-D NCHW, 16-bit, P 1, rows a multiple of 4: 8-byte strips, 2-byte halos)
+    EmuCase(2, 2, 4, 4, 12, 3, padding=1, groups=4),  # 3 strips (halos inside the row), 12 rows: 8 + a part-filled tile
+    EmuCase(2, 1, 2, 2, 4, 3, padding=1, groups=2),  # one strip (both halos at the row's ends), 4 rows
+    EmuCase(2, 1, 3, 3, 8, 3, padding=1, groups=3, layout="rowpad4"),  # X rows 12 apart (dense Y)
 ]
 
 
@@ -399,13 +404,15 @@ def _depthwise_all_dtypes(emu_backend, case):
                                    {"PC_DWT_RING": 1, "PC_DWT_RD": 2, "PC_DWT_FRING": 1, "PC_DWT_FRD": 4,
                                     "PC_DWT_NRING": 1},
                                    {"PC_DWT_RING": 1, "PC_DWT_RD": 4, "PC_DWT_FRING": 1, "PC_DWT_FRD": 2,
-                                    "PC_DWT_NRING": 1}],
-                         ids=["no-lookahead", "pf-swapped", "unpacked", "ring2", "ring4"])
+                                    "PC_DWT_NRING": 1},
+                                   {"PC_DWT_Q4": 0}, {"PC_DWT_QD": 3}],
+                         ids=["no-lookahead", "pf-swapped", "unpacked", "ring2", "ring4", "no-quad", "quad-qd3"])
 def test_depthwise_tile_switches_on_cpu(emu_backend, extra, monkeypatch):
     """The tile kernels' compile-time switches that keep the tile shape (Note [row lookahead] off, prefetch or
-    rolling window per dtype class swapped, Note [packed rows] off, Note [async row ring] on in every kernel that has
-    it, with 2 and 4 slots: the CPU prelude copies synchronously, so the ring is off there by default) stay correct:
-    every DW3 case, tiles everywhere, every dtype. The defaults run in test_depthwise_v3_bodies_on_cpu."""
+    rolling window per dtype class swapped, Note [packed rows] off, Note [quad rows] off or with 3 rows in flight,
+    Note [async row ring] on in every kernel that has it, with 2 and 4 slots: the CPU prelude copies synchronously, so
+    the ring is off there by default) stay correct: every DW3 case, tiles everywhere, every dtype. The defaults run in
+    test_depthwise_v3_bodies_on_cpu."""
     init = cuda._Run.__init__
 
     def with_defines(self, *args, **kw):
@@ -436,6 +443,11 @@ def test_depthwise_v3_selection(monkeypatch):
     assert ks(view(2)) == {"fwd": "tilen_s2", "bwd_data": "rows3s2", "bwd_weight": "rows2d_s2"}
     small = dataclasses.replace(view(1), X=(1, 7, 7), Y=(1, 7, 7))  # mbv2-dw3x3-last: 'rows' wins there
     assert ks(small) == {"fwd": "rows3s1", "bwd_data": "rows3s1", "bwd_weight": "rows2d_s1"}
+    assert cuda.dw_v(small) == 8 and cuda.dw_v(view(1)) == 4  # Note [whole-row strips]
+    assert cuda.dw_v(dataclasses.replace(view(2), X=(1, 14, 14), Y=(1, 7, 7))) == 4  # 14-wide X: two strips there
+    b1 = dataclasses.replace(view(1), N=1, C=32, K=32, G=32, X=(1, 112, 112), Y=(1, 112, 112))  # mbv2-dw3x3-b1
+    assert ks(b1) == {"fwd": "tilen_s1", "bwd_data": "tilen_s1", "bwd_weight": "rows2d_s1"}  # 8 x 2 tiles win ("v11")
+    assert ks(dataclasses.replace(b1, C=16, K=16, G=16))["fwd"] == "rows3s1"  # 12544 tiles: under DW_TILE_MIN_WORK
     monkeypatch.setenv(cuda.DW_TILE_ENV, "cl")
     assert ks(view(1)) == {"fwd": "rows3s1", "bwd_data": "rows3s1", "bwd_weight": "rows2d_s1"}
     assert ks(view(1, rank=3), cl=True)["bwd_weight"] == "tile3d_s1"

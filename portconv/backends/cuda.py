@@ -40,6 +40,11 @@ THREADS = 256
 WARP_FINALIZE, WARP_FINALIZE_MAX = 16, 16384
 DW_TAPS = 9  # PC_DW_TAPS of cuda/conv_depthwise.cuh
 DW_V = 4  # PC_DW_V of cuda/conv_depthwise_rows.cuh: outputs per thread along the last spatial axis
+# Note [whole-row strips]: a view whose last axis is at most DW_V_ROW long in X and Y (MobileNetV2's 7x7 planes) builds
+# the 'rows' kernels with PC_DW_V = DW_V_ROW (a module build of its own): one strip a row instead of a 4-wide and a
+# 3-wide one, half the threads, 10 window loads a source row for 7 outputs instead of 6 + 5 for 4 + 3. H100:
+# mbv2-dw3x3-last forward 0.0142 -> 0.0121 ms, backward-data 0.0149 -> 0.0129 (held; notes-depthwise-v3.md "v11")
+DW_V_ROW = 8
 # Output rows x columns per thread of the fwd/bwd-data tile kernels of cuda/conv_depthwise_tile.cuh, per family (its
 # PC_DWT_THN/VWN, _THN16/VWN16, _TH3/VW3, _THC/VWC, _THC3/VWC): 'tilen_s*' (2-D NCHW; 'nchw16' in 16-bit types, Note
 # [packed rows]), 'tilen3d_s*', 'tile_s*' (2-D channels-last), 'tile3d_s*'
@@ -49,7 +54,7 @@ DW_TILE_VC = {"float32": 2, "float16": 4, "bfloat16": 4, "float64": 1}  # PC_DWT
 # where the tile fwd/bwd_data kernels run: "auto" (default: channels-last, and NCHW with >= 16 rows and enough
 # tiles to fill the GPU, DW_TILE_MIN_WORK), "cl" (channels-last only) or "all"
 DW_TILE_ENV = "PORTCONV_CUDA_DEPTHWISE_TILE"
-DW_TILE_MIN_WORK = 1 << 16
+DW_TILE_MIN_WORK = 1 << 14  # 1 << 16 until "v11": mbv2-dw3x3-b1 (25088) now runs faster on the 8 x 2 tile
 DW_ENV = "PORTCONV_CUDA_DEPTHWISE"  # "rows" (default): Note [depthwise rows] kernels where they apply; "v1" never
 GROUPED_GEMM_MIN = 8  # Note [grouped implicit GEMM]: channels a group (in and out) from which grouped problems run it
 INDEX32_LIMIT = 2**31 - 1 - 2**26  # headroom for grid-stride steps past the last element
@@ -159,10 +164,11 @@ def choose_for(problem: Problem, device: DeviceInfo, kernel_set: str = "CUDA", t
     idx = "; 64-bit indexing" if big else ""
     if problem.is_depthwise:
         m = problem.weight.shape[0] // problem.input.shape[1]
-        ks = depthwise_kernels(ConvView.of(problem), fmt != "contiguous")
+        view = ConvView.of(problem)
+        ks = depthwise_kernels(view, fmt != "contiguous")
         names = ", ".join(f"{d} {ks[d]}" for d in ("fwd", "bwd_data", "bwd_weight"))
         return Choice("depthwise", fmt, f"depthwise (groups = C_in = {p.groups}, channel multiplier {m}): per-channel "
-                      f"kernels without a channel loop [{names}] ('rows*': {DW_V} outputs per thread, "
+                      f"kernels without a channel loop [{names}] ('rows*': {dw_v(view)} outputs per thread, "
                       f"Note [depthwise rows]; 'tile*': {tile_shape(fmt != 'contiguous', p.rank, dt)} tiles per "
                       f"thread, Note [depthwise tile]; "
                       f"plain: one output per thread, {DW_TAPS} weight-gradient taps per block){idx}", math)
@@ -244,6 +250,11 @@ def tile_shape(cl: bool, rank: int, dtype: str) -> str:
     return f"{th}x{vw}"
 
 
+def dw_v(view: ConvView) -> int:
+    """PC_DW_V of the view's 'rows' kernels (Note [whole-row strips])."""
+    return DW_V_ROW if max(view.X[2], view.Y[2]) <= DW_V_ROW else DW_V
+
+
 def depthwise_work(view: ConvView, direction: str, kernel: str, cl: bool, dtype: str) -> int:
     """Work items (threads of a grid-stride loop) of a depthwise 'rows*' or 'tile*' fwd / bwd_data kernel."""
     ext, ch = (view.Y, view.K) if direction == "fwd" else (view.X, view.C)
@@ -251,7 +262,7 @@ def depthwise_work(view: ConvView, direction: str, kernel: str, cl: bool, dtype:
         vc = DW_TILE_VC[dtype] if cl and ch % DW_TILE_VC[dtype] == 0 else 1
         th, vw = DW_TILE[dw_tile_key(not kernel.startswith("tilen"), 3 if "3d" in kernel else 2, dtype)]
         return view.N * ext[0] * -(-ext[1] // th) * -(-ext[2] // vw) * (ch // vc)
-    return view.N * ext[0] * ext[1] * -(-ext[2] // DW_V) * ch
+    return view.N * ext[0] * ext[1] * -(-ext[2] // dw_v(view)) * ch
 
 
 def depthwise_weight_grid(view: ConvView, kernel: str, cl: bool, dtype: str, units: int) -> tuple[tuple, int, int]:
@@ -269,7 +280,7 @@ def depthwise_weight_grid(view: ConvView, kernel: str, cl: bool, dtype: str, uni
         splits = max(1, min(-(-target // tiles), -(-work // (4 * groups)), GRID_YZ_MAX))
     else:  # grid (K, splits) over strips
         tiles = v.K
-        work = v.N * v.Y[0] * v.Y[1] * -(-v.Y[2] // DW_V)
+        work = v.N * v.Y[0] * v.Y[1] * -(-v.Y[2] // dw_v(v))
         target = 16 * max(units, 1)  # blocks: bandwidth-bound, so fill every SM several times
         splits = max(1, min(-(-target // v.K), -(-work // (2 * THREADS)), GRID_YZ_MAX))
     chunk = -(-work // splits)
@@ -539,6 +550,8 @@ class _Run:
         self.v6 = self.v5 or os.environ.get(TC_V6_ENV) == "1"
         self.flags = FLAG_CL if plan.memory_format != "contiguous" else 0
         self.dw = depthwise_kernels(self.view, bool(self.flags)) if self.alg == "depthwise" else {}
+        if self.dw and dw_v(self.view) != DW_V:  # Note [whole-row strips]
+            self.defines["PC_DW_V"] = dw_v(self.view)
         self.rec: _replay.Recording | None = None  # Note [replayed launches]
 
     def _fn(self, name: str, extra: dict | None = None):

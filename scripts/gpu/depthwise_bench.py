@@ -168,10 +168,12 @@ KNOBS = {  # variant key: (-D define, the cuda.DW_TILE entries.index the host si
     "fring": ("PC_DWT_FRING", None, False), "frd": ("PC_DWT_FRD", None, False),
     "wminb": ("PC_DWT_WMINB", None, True), "nring": ("PC_DWT_NRING", None, True),
     "di": ("PC_DWT_DI", None, False), "dila": ("PC_DWT_DILA", None, False), "minb3": ("PC_DWT_3MINB", None, False),
-    "dz": ("PC_DWT_DZ", None, False),
+    "dz": ("PC_DWT_DZ", None, False), "q4": ("PC_DWT_Q4", None, True), "qd": ("PC_DWT_QD", None, True),
+    "cvt": ("PC_BF16_CVT", None, True), "dwv": ("PC_DW_V", "DW_V", False),
     "wfin": (None, None, False), "wfmax": (None, None, False),  # Note [warp finalize]: cuda.WARP_FINALIZE(_MAX)
     "pdl": (None, None, False)}  # Note [dependent launch]: pdl=0 replays the finalize with an ordinary launch
 SAVED = {k: dict(getattr(cuda, k)) for k in ("DW_TILE", "DW_TILE_VC")}
+DW_V = cuda.DW_V, cuda.DW_V_ROW
 WARP_FINALIZE = (cuda.WARP_FINALIZE, cuda.WARP_FINALIZE_MAX)
 EXTRA: dict = {}  # (define, value, 16-bit only) of the variant
 _init = cuda._Run.__init__
@@ -191,8 +193,9 @@ cuda._Run.__init__ = _init_with_tile
 def set_variant(var: str) -> None:
     """'v3' etc., or 'v3@key=value,...' for the tile kernels compiled with other -D defines (KNOBS: thn, vwn, pf,
     th3, vw3, thc, thc3, vwc, la, fring, frd, di, dila, minb3, dz; thn16, vwn16, pf16, pk, vc, thw4, vww4, ring, rd,
-    wminb, nring for 16-bit dtypes only; wfin, wfmax: the host's Note [warp finalize] limits; pdl=0: no Note
-    [dependent launch]), the host's grid sizes set to match (grids only size grid-stride loops; the weight gradient
+    wminb, nring, q4, qd, cvt (PC_BF16_CVT) for 16-bit dtypes only; dwv: PC_DW_V of the 'rows' kernels; wfin,
+    wfmax: the host's Note [warp finalize] limits; pdl=0: no Note [dependent launch]), the host's grid sizes set to
+    match (grids only size grid-stride loops; the weight gradient
     splits its units itself)."""
     name, _, shape = var.partition("@")
     os.environ[cuda.DW_ENV], os.environ[cuda.DW_TILE_ENV] = VARIANTS[name]
@@ -203,6 +206,7 @@ def set_variant(var: str) -> None:
         driver.pdl = driver._launch_ex is not None
     for k, v in SAVED.items():
         getattr(cuda, k).update(v)
+    cuda.DW_V, cuda.DW_V_ROW = DW_V
     for item in filter(None, shape.split(",")):
         key, _, val = item.partition("=")
         define, mirror, half = KNOBS[key]
@@ -216,6 +220,8 @@ def set_variant(var: str) -> None:
         EXTRA[key] = (define, int(val), half)
         if key == "vc":
             cuda.DW_TILE_VC.update({h: int(val) for h in HALF})
+        elif mirror == "DW_V":  # the 'rows' kernels' strip on every view (grid sizes and the plan reason)
+            cuda.DW_V = cuda.DW_V_ROW = int(val)
         elif mirror:
             for m in mirror.split("+"):
                 entry, i = m.split(".")
