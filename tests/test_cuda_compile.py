@@ -443,8 +443,11 @@ def test_depthwise_v3_selection(monkeypatch):
     assert ks(view(2)) == {"fwd": "tilen_s2", "bwd_data": "rows3s2", "bwd_weight": "rows2d_s2"}
     small = dataclasses.replace(view(1), X=(1, 7, 7), Y=(1, 7, 7))  # mbv2-dw3x3-last: 'rows' wins there
     assert ks(small) == {"fwd": "rows3s1", "bwd_data": "rows3s1", "bwd_weight": "rows2d_s1"}
-    assert cuda.dw_v(small) == 8 and cuda.dw_v(view(1)) == 4  # Note [whole-row strips]
-    assert cuda.dw_v(dataclasses.replace(view(2), X=(1, 14, 14), Y=(1, 7, 7))) == 4  # 14-wide X: two strips there
+    v = cuda.dw_v  # Note [whole-row strips]
+    assert v(small, "float32", False) == v(small, "bfloat16", True) == 8 and v(view(1), "float32", False) == 4
+    assert v(dataclasses.replace(view(2), X=(1, 14, 14), Y=(1, 7, 7)), "float32", False) == 4  # 14-wide X: 2 strips
+    assert v(view(1), "bfloat16", False) == v(view(1), "float16", False) == 16  # only the weight gradient on 'rows'
+    assert v(view(1), "bfloat16", True) == v(view(2), "bfloat16", False) == v(view(1, rank=3), "float16", False) == 4
     b1 = dataclasses.replace(view(1), N=1, C=32, K=32, G=32, X=(1, 112, 112), Y=(1, 112, 112))  # mbv2-dw3x3-b1
     assert ks(b1) == {"fwd": "tilen_s1", "bwd_data": "tilen_s1", "bwd_weight": "rows2d_s1"}  # 8 x 2 tiles win ("v11")
     assert ks(dataclasses.replace(b1, C=16, K=16, G=16))["fwd"] == "rows3s1"  # 12544 tiles: under DW_TILE_MIN_WORK

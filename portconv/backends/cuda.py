@@ -45,6 +45,10 @@ DW_V = 4  # PC_DW_V of cuda/conv_depthwise_rows.cuh: outputs per thread along th
 # 3-wide one, half the threads, 10 window loads a source row for 7 outputs instead of 6 + 5 for 4 + 3. H100:
 # mbv2-dw3x3-last forward 0.0142 -> 0.0121 ms, backward-data 0.0149 -> 0.0129 (held; notes-depthwise-v3.md "v11")
 DW_V_ROW = 8
+# and where only the weight gradient runs a 'rows' kernel of a wider 16-bit NCHW view (forward and backward-data on
+# the tile kernels), PC_DW_V = DW_V_WIDE16: H100, mbv2-dw3x3-bf16 weight gradient 0.0746 -> 0.0592 ms held (8:
+# 0.0636); float32 and 3-D weight gradients are slower with wider strips (mbv2-dw3x3 0.0713 -> 0.0952 at 8)
+DW_V_WIDE16 = 16
 # Output rows x columns per thread of the fwd/bwd-data tile kernels of cuda/conv_depthwise_tile.cuh, per family (its
 # PC_DWT_THN/VWN, _THN16/VWN16, _TH3/VW3, _THC/VWC, _THC3/VWC): 'tilen_s*' (2-D NCHW; 'nchw16' in 16-bit types, Note
 # [packed rows]), 'tilen3d_s*', 'tile_s*' (2-D channels-last), 'tile3d_s*'
@@ -165,10 +169,10 @@ def choose_for(problem: Problem, device: DeviceInfo, kernel_set: str = "CUDA", t
     if problem.is_depthwise:
         m = problem.weight.shape[0] // problem.input.shape[1]
         view = ConvView.of(problem)
-        ks = depthwise_kernels(view, fmt != "contiguous")
+        ks, rows_v = depthwise_kernels(view, fmt != "contiguous"), dw_v(view, dt, fmt != "contiguous")
         names = ", ".join(f"{d} {ks[d]}" for d in ("fwd", "bwd_data", "bwd_weight"))
         return Choice("depthwise", fmt, f"depthwise (groups = C_in = {p.groups}, channel multiplier {m}): per-channel "
-                      f"kernels without a channel loop [{names}] ('rows*': {dw_v(view)} outputs per thread, "
+                      f"kernels without a channel loop [{names}] ('rows*': {rows_v} outputs per thread, "
                       f"Note [depthwise rows]; 'tile*': {tile_shape(fmt != 'contiguous', p.rank, dt)} tiles per "
                       f"thread, Note [depthwise tile]; "
                       f"plain: one output per thread, {DW_TAPS} weight-gradient taps per block){idx}", math)
@@ -250,9 +254,15 @@ def tile_shape(cl: bool, rank: int, dtype: str) -> str:
     return f"{th}x{vw}"
 
 
-def dw_v(view: ConvView) -> int:
+def dw_v(view: ConvView, dtype: str, cl: bool) -> int:
     """PC_DW_V of the view's 'rows' kernels (Note [whole-row strips])."""
-    return DW_V_ROW if max(view.X[2], view.Y[2]) <= DW_V_ROW else DW_V
+    if max(view.X[2], view.Y[2]) <= DW_V_ROW:
+        return DW_V_ROW
+    if dtype in ("float16", "bfloat16") and not cl and view.X[0] == 1:
+        ks = depthwise_kernels(view, cl)
+        if ks["fwd"].startswith("tile") and ks["bwd_data"].startswith("tile") and ks["bwd_weight"].startswith("rows"):
+            return DW_V_WIDE16
+    return DW_V
 
 
 def depthwise_work(view: ConvView, direction: str, kernel: str, cl: bool, dtype: str) -> int:
@@ -262,7 +272,7 @@ def depthwise_work(view: ConvView, direction: str, kernel: str, cl: bool, dtype:
         vc = DW_TILE_VC[dtype] if cl and ch % DW_TILE_VC[dtype] == 0 else 1
         th, vw = DW_TILE[dw_tile_key(not kernel.startswith("tilen"), 3 if "3d" in kernel else 2, dtype)]
         return view.N * ext[0] * -(-ext[1] // th) * -(-ext[2] // vw) * (ch // vc)
-    return view.N * ext[0] * ext[1] * -(-ext[2] // dw_v(view)) * ch
+    return view.N * ext[0] * ext[1] * -(-ext[2] // dw_v(view, dtype, cl)) * ch
 
 
 def depthwise_weight_grid(view: ConvView, kernel: str, cl: bool, dtype: str, units: int) -> tuple[tuple, int, int]:
@@ -280,7 +290,7 @@ def depthwise_weight_grid(view: ConvView, kernel: str, cl: bool, dtype: str, uni
         splits = max(1, min(-(-target // tiles), -(-work // (4 * groups)), GRID_YZ_MAX))
     else:  # grid (K, splits) over strips
         tiles = v.K
-        work = v.N * v.Y[0] * v.Y[1] * -(-v.Y[2] // dw_v(v))
+        work = v.N * v.Y[0] * v.Y[1] * -(-v.Y[2] // dw_v(v, dtype, cl))
         target = 16 * max(units, 1)  # blocks: bandwidth-bound, so fill every SM several times
         splits = max(1, min(-(-target // v.K), -(-work // (2 * THREADS)), GRID_YZ_MAX))
     chunk = -(-work // splits)
@@ -550,8 +560,8 @@ class _Run:
         self.v6 = self.v5 or os.environ.get(TC_V6_ENV) == "1"
         self.flags = FLAG_CL if plan.memory_format != "contiguous" else 0
         self.dw = depthwise_kernels(self.view, bool(self.flags)) if self.alg == "depthwise" else {}
-        if self.dw and dw_v(self.view) != DW_V:  # Note [whole-row strips]
-            self.defines["PC_DW_V"] = dw_v(self.view)
+        if self.dw and dw_v(self.view, pr.dtype, bool(self.flags)) != DW_V:  # Note [whole-row strips]
+            self.defines["PC_DW_V"] = dw_v(self.view, pr.dtype, bool(self.flags))
         self.rec: _replay.Recording | None = None  # Note [replayed launches]
 
     def _fn(self, name: str, extra: dict | None = None):

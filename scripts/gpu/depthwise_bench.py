@@ -173,7 +173,7 @@ KNOBS = {  # variant key: (-D define, the cuda.DW_TILE entries.index the host si
     "wfin": (None, None, False), "wfmax": (None, None, False),  # Note [warp finalize]: cuda.WARP_FINALIZE(_MAX)
     "pdl": (None, None, False)}  # Note [dependent launch]: pdl=0 replays the finalize with an ordinary launch
 SAVED = {k: dict(getattr(cuda, k)) for k in ("DW_TILE", "DW_TILE_VC")}
-DW_V = cuda.DW_V, cuda.DW_V_ROW
+DW_V = cuda.DW_V, cuda.DW_V_ROW, cuda.DW_V_WIDE16
 WARP_FINALIZE = (cuda.WARP_FINALIZE, cuda.WARP_FINALIZE_MAX)
 EXTRA: dict = {}  # (define, value, 16-bit only) of the variant
 _init = cuda._Run.__init__
@@ -206,7 +206,7 @@ def set_variant(var: str) -> None:
         driver.pdl = driver._launch_ex is not None
     for k, v in SAVED.items():
         getattr(cuda, k).update(v)
-    cuda.DW_V, cuda.DW_V_ROW = DW_V
+    cuda.DW_V, cuda.DW_V_ROW, cuda.DW_V_WIDE16 = DW_V
     for item in filter(None, shape.split(",")):
         key, _, val = item.partition("=")
         define, mirror, half = KNOBS[key]
@@ -221,7 +221,7 @@ def set_variant(var: str) -> None:
         if key == "vc":
             cuda.DW_TILE_VC.update({h: int(val) for h in HALF})
         elif mirror == "DW_V":  # the 'rows' kernels' strip on every view (grid sizes and the plan reason)
-            cuda.DW_V = cuda.DW_V_ROW = int(val)
+            cuda.DW_V = cuda.DW_V_ROW = cuda.DW_V_WIDE16 = int(val)
         elif mirror:
             for m in mirror.split("+"):
                 entry, i = m.split(".")
