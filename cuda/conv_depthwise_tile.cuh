@@ -233,6 +233,22 @@ PC_DEVICE void pc_dwt_roll_on(pc_acc_t (&row)[NR][WIN][VC]) {
             for (int j = 0; j < VC; ++j) row[q][u][j] = row[q + S][u][j];
 }
 
+/* The 3 x 3 in-plane taps of axis-0 tap offset w0 (r0 * ws2) for channels c .. c + VC - 1, flipped for backward-data;
+ * OK false: zeros (a 3-D walk's taps past R0). */
+template <bool BWD, int VC>
+PC_DEVICE void pc_dwt_taps(pc_acc_t (&wv)[3][3][VC], const pc_t *PC_RESTRICT w, pc_idx c, pc_idx w0, pc_idx ws0,
+                           pc_idx ws3, pc_idx ws4, bool ok = true) {
+#pragma unroll
+    for (int r1 = 0; r1 < 3; ++r1)
+#pragma unroll
+        for (int r2 = 0; r2 < 3; ++r2)
+#pragma unroll
+            for (int j = 0; j < VC; ++j)
+                wv[r1][r2][j] = ok ? (pc_acc_t)pc_ld(w, (c + j) * ws0 + w0 + (BWD ? 2 - r1 : r1) * ws3 +
+                                                            (BWD ? 2 - r2 : r2) * ws4)
+                                   : (pc_acc_t)0;
+}
+
 /* Forward taps of the window rows rr .. rr + 2 into one output row: acc[v] += x[rr + r1][v S + r2] * w[r1][r2]. */
 template <int S, int VC, int VW, int NR, int WIN>
 PC_DEVICE void pc_dwt_fma(pc_acc_t (&acc)[VW][VC], const pc_acc_t (&row)[NR][WIN][VC], int rr,
@@ -483,14 +499,7 @@ PC_DEVICE void pc_dwt_conv(const pc_conv_args &a, void *pool) {
             }
             any = true;
             pc_acc_t wv[3][3][VC];
-#pragma unroll
-            for (int r1 = 0; r1 < 3; ++r1)
-#pragma unroll
-                for (int r2 = 0; r2 < 3; ++r2)
-#pragma unroll
-                    for (int j = 0; j < VC; ++j)
-                        wv[r1][r2][j] = (pc_acc_t)pc_ld(w, (c + j) * ws0 + r0 * ws2 + (BWD ? 2 - r1 : r1) * ws3 +
-                                                               (BWD ? 2 - r2 : r2) * ws4);
+            pc_dwt_taps<BWD>(wv, w, c, r0 * ws2, ws0, ws3, ws4);
             const pc_idx rb = n * ss0 + c * ss1 + i0 * ss2;
             if constexpr (RING) { /* Note [async row ring] (ONE0) */
                 pc_dwt_conv_ring<S, VC, VW, TH, PC_DWT_FRD, PK>(src, rb, b1, b2, E1, E2, ss3, ss4, wv, bias, dst,
@@ -575,12 +584,8 @@ PC_DEVICE void pc_dwt_conv_q4(const pc_conv_args &a) {
         const bool lok = s > 0, rok = s + 1 < NS;
         const pc_t *PC_RESTRICT sp = src + n * ss0 + c * ss1 + d0 * ss2 + s * 4;
         pc_t *PC_RESTRICT dp = dst + n * ds0 + c * ds1 + d0 * ds2 + t1 * TH * ds3 + s * 4;
-        pc_acc_t wv[3][3];
-#pragma unroll
-        for (int r1 = 0; r1 < 3; ++r1)
-#pragma unroll
-            for (int r2 = 0; r2 < 3; ++r2)
-                wv[r1][r2] = (pc_acc_t)pc_ld(w, c * ws0 + (BWD ? 2 - r1 : r1) * ws3 + (BWD ? 2 - r2 : r2) * ws4);
+        pc_acc_t wv[3][3][1];
+        pc_dwt_taps<BWD>(wv, w, c, 0, ws0, ws3, ws4);
         const pc_acc_t bias = b ? (pc_acc_t)pc_ld(b, c * (pc_idx)a.bs) : (pc_acc_t)0;
         V4 core[NR];
         pc_t hl[NR], hr[NR];
@@ -594,27 +599,22 @@ PC_DEVICE void pc_dwt_conv_q4(const pc_conv_args &a) {
         };
 #pragma unroll
         for (int q = 0; q < QD; ++q) load(q);
-        pc_acc_t f[NR][6];
+        pc_acc_t f[NR][6][1];
 #pragma unroll
         for (int q = 0; q < NR; ++q) {
             if (q + QD < NR) load(q + QD);
-            f[q][0] = (pc_acc_t)pc_ld(hl, q);
+            f[q][0][0] = (pc_acc_t)pc_ld(hl, q);
 #pragma unroll
-            for (int j = 0; j < 4; ++j) f[q][j + 1] = (pc_acc_t)pc_ld(core[q].v, j);
-            f[q][5] = (pc_acc_t)pc_ld(hr, q);
+            for (int j = 0; j < 4; ++j) f[q][j + 1][0] = (pc_acc_t)pc_ld(core[q].v, j);
+            f[q][5][0] = (pc_acc_t)pc_ld(hr, q);
             if (q < 2) continue;
             const int t = q - 2;
-            pc_acc_t acc[4] = {0, 0, 0, 0};
-#pragma unroll
-            for (int r1 = 0; r1 < 3; ++r1)
-#pragma unroll
-                for (int r2 = 0; r2 < 3; ++r2)
-#pragma unroll
-                    for (int v = 0; v < 4; ++v) acc[v] += f[t + r1][v + r2] * wv[r1][r2];
+            pc_acc_t acc[4][1] = {};
+            pc_dwt_fma<1>(acc, f, t, wv);
             if (t1 * TH + t < D1) {
                 V4 out;
 #pragma unroll
-                for (int v = 0; v < 4; ++v) pc_st(out.v, v, acc[v] + bias);
+                for (int v = 0; v < 4; ++v) pc_st(out.v, v, acc[v][0] + bias);
                 pc_st_vec((V4 *)(dp + t * ds3), out);
             }
         }
@@ -651,14 +651,7 @@ PC_DEVICE void pc_dwt_conv3i(const pc_conv_args &a) {
          * (forward: output plane d0 + z takes tap r0 = k - z) or d0 + P0 - 2 + k (backward-data: r0 = z + 2 - k) */
         pc_acc_t wv[3][3][3][1];
 #pragma unroll
-        for (int r0 = 0; r0 < 3; ++r0)
-#pragma unroll
-            for (int r1 = 0; r1 < 3; ++r1)
-#pragma unroll
-                for (int r2 = 0; r2 < 3; ++r2)
-                    wv[r0][r1][r2][0] = r0 < R0 ? (pc_acc_t)pc_ld(w, c * ws0 + r0 * ws2 + (BWD ? 2 - r1 : r1) * ws3 +
-                                                                     (BWD ? 2 - r2 : r2) * ws4)
-                                                : (pc_acc_t)0;
+        for (int r0 = 0; r0 < 3; ++r0) pc_dwt_taps<BWD>(wv[r0], w, c, r0 * ws2, ws0, ws3, ws4, r0 < R0);
         pc_idx rb[NP], e1[NP];
 #pragma unroll
         for (int k = 0; k < NP; ++k) {

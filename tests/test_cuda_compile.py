@@ -443,7 +443,10 @@ def test_depthwise_v3_selection(monkeypatch):
     assert ks(view(2)) == {"fwd": "tilen_s2", "bwd_data": "rows3s2", "bwd_weight": "rows2d_s2"}
     small = dataclasses.replace(view(1), X=(1, 7, 7), Y=(1, 7, 7))  # mbv2-dw3x3-last: 'rows' wins there
     assert ks(small) == {"fwd": "rows3s1", "bwd_data": "rows3s1", "bwd_weight": "rows2d_s1"}
-    v = cuda.dw_v  # Note [whole-row strips]
+
+    def v(view_, dtype, cl):  # Note [whole-row strips]
+        return cuda.dw_v(view_, dtype, cl, ks(view_, cl=cl))
+
     assert v(small, "float32", False) == v(small, "bfloat16", True) == 8 and v(view(1), "float32", False) == 4
     assert v(dataclasses.replace(view(2), X=(1, 14, 14), Y=(1, 7, 7)), "float32", False) == 4  # 14-wide X: 2 strips
     assert v(view(1), "bfloat16", False) == v(view(1), "float16", False) == 16  # only the weight gradient on 'rows'

@@ -169,7 +169,8 @@ def choose_for(problem: Problem, device: DeviceInfo, kernel_set: str = "CUDA", t
     if problem.is_depthwise:
         m = problem.weight.shape[0] // problem.input.shape[1]
         view = ConvView.of(problem)
-        ks, rows_v = depthwise_kernels(view, fmt != "contiguous"), dw_v(view, dt, fmt != "contiguous")
+        ks = depthwise_kernels(view, fmt != "contiguous")
+        rows_v = dw_v(view, dt, fmt != "contiguous", ks)
         names = ", ".join(f"{d} {ks[d]}" for d in ("fwd", "bwd_data", "bwd_weight"))
         return Choice("depthwise", fmt, f"depthwise (groups = C_in = {p.groups}, channel multiplier {m}): per-channel "
                       f"kernels without a channel loop [{names}] ('rows*': {rows_v} outputs per thread, "
@@ -254,29 +255,31 @@ def tile_shape(cl: bool, rank: int, dtype: str) -> str:
     return f"{th}x{vw}"
 
 
-def dw_v(view: ConvView, dtype: str, cl: bool) -> int:
-    """PC_DW_V of the view's 'rows' kernels (Note [whole-row strips])."""
+def dw_v(view: ConvView, dtype: str, cl: bool, ks: dict[str, str]) -> int:
+    """PC_DW_V of the view's 'rows' kernels (Note [whole-row strips]); ``ks``: its depthwise_kernels."""
     if max(view.X[2], view.Y[2]) <= DW_V_ROW:
         return DW_V_ROW
-    if dtype in ("float16", "bfloat16") and not cl and view.X[0] == 1:
-        ks = depthwise_kernels(view, cl)
-        if ks["fwd"].startswith("tile") and ks["bwd_data"].startswith("tile") and ks["bwd_weight"].startswith("rows"):
-            return DW_V_WIDE16
+    only_weight = ks["bwd_weight"].startswith("rows") and all(ks[d].startswith("tile") for d in ("fwd", "bwd_data"))
+    if dtype in ("float16", "bfloat16") and not cl and view.X[0] == 1 and only_weight:
+        return DW_V_WIDE16
     return DW_V
 
 
-def depthwise_work(view: ConvView, direction: str, kernel: str, cl: bool, dtype: str) -> int:
-    """Work items (threads of a grid-stride loop) of a depthwise 'rows*' or 'tile*' fwd / bwd_data kernel."""
+def depthwise_work(view: ConvView, direction: str, kernel: str, cl: bool, dtype: str, rows_v: int) -> int:
+    """Work items (threads of a grid-stride loop) of a depthwise 'rows*' (strips of ``rows_v``, dw_v) or 'tile*'
+    fwd / bwd_data kernel."""
     ext, ch = (view.Y, view.K) if direction == "fwd" else (view.X, view.C)
     if kernel.startswith("tile"):
         vc = DW_TILE_VC[dtype] if cl and ch % DW_TILE_VC[dtype] == 0 else 1
         th, vw = DW_TILE[dw_tile_key(not kernel.startswith("tilen"), 3 if "3d" in kernel else 2, dtype)]
         return view.N * ext[0] * -(-ext[1] // th) * -(-ext[2] // vw) * (ch // vc)
-    return view.N * ext[0] * ext[1] * -(-ext[2] // dw_v(view, dtype, cl)) * ch
+    return view.N * ext[0] * ext[1] * -(-ext[2] // rows_v) * ch
 
 
-def depthwise_weight_grid(view: ConvView, kernel: str, cl: bool, dtype: str, units: int) -> tuple[tuple, int, int]:
-    """(grid, splits, chunk) of a depthwise 'rows*d' or 'tile*d' weight-gradient kernel (deterministic splits)."""
+def depthwise_weight_grid(view: ConvView, kernel: str, cl: bool, dtype: str, units: int,
+                          rows_v: int) -> tuple[tuple, int, int]:
+    """(grid, splits, chunk) of a depthwise 'rows*d' (strips of ``rows_v``) or 'tile*d' weight-gradient kernel
+    (deterministic splits)."""
     v = view
     if kernel.startswith("tile"):  # grid (channel tiles, splits) over (n, o0, row tile, strip) units
         vc = min(DW_TILE_VC[dtype], 2) if kernel.startswith("tile3d") else DW_TILE_VC[dtype]
@@ -290,7 +293,7 @@ def depthwise_weight_grid(view: ConvView, kernel: str, cl: bool, dtype: str, uni
         splits = max(1, min(-(-target // tiles), -(-work // (4 * groups)), GRID_YZ_MAX))
     else:  # grid (K, splits) over strips
         tiles = v.K
-        work = v.N * v.Y[0] * v.Y[1] * -(-v.Y[2] // dw_v(v, dtype, cl))
+        work = v.N * v.Y[0] * v.Y[1] * -(-v.Y[2] // rows_v)
         target = 16 * max(units, 1)  # blocks: bandwidth-bound, so fill every SM several times
         splits = max(1, min(-(-target // v.K), -(-work // (2 * THREADS)), GRID_YZ_MAX))
     chunk = -(-work // splits)
@@ -560,8 +563,9 @@ class _Run:
         self.v6 = self.v5 or os.environ.get(TC_V6_ENV) == "1"
         self.flags = FLAG_CL if plan.memory_format != "contiguous" else 0
         self.dw = depthwise_kernels(self.view, bool(self.flags)) if self.alg == "depthwise" else {}
-        if self.dw and dw_v(self.view, pr.dtype, bool(self.flags)) != DW_V:  # Note [whole-row strips]
-            self.defines["PC_DW_V"] = dw_v(self.view, pr.dtype, bool(self.flags))
+        self.rows_v = dw_v(self.view, pr.dtype, bool(self.flags), self.dw) if self.dw else DW_V
+        if self.rows_v != DW_V:  # Note [whole-row strips]: a module build of its own
+            self.defines["PC_DW_V"] = self.rows_v
         self.rec: _replay.Recording | None = None  # Note [replayed launches]
 
     def _fn(self, name: str, extra: dict | None = None):
@@ -676,7 +680,7 @@ class _Run:
         elif self.dw.get("fwd", "plain") != "plain":
             name += "_" + self.dw["fwd"]
             grid = self._elementwise_grid(depthwise_work(v, "fwd", self.dw["fwd"], bool(self.flags),
-                                                         self.plan.problem.dtype))
+                                                         self.plan.problem.dtype, self.rows_v))
         else:
             grid = self._elementwise_grid(v.y_positions * v.K)
         a = self._args(x=x, w=w, y=y, b=bias, xs=strides5(x), wst=strides5(w), ys=strides5(y),
@@ -714,7 +718,7 @@ class _Run:
         elif self.dw.get("bwd_data", "plain") != "plain":
             name += "_" + self.dw["bwd_data"]
             grid = self._elementwise_grid(depthwise_work(v, "bwd_data", self.dw["bwd_data"], bool(self.flags),
-                                                         self.plan.problem.dtype))
+                                                         self.plan.problem.dtype, self.rows_v))
         else:
             grid = self._elementwise_grid(positions * v.C)
         a = self._args(x=dx, w=w, y=dy, b=bias, xs=strides5(dx), wst=strides5(w), ys=strides5(dy),
@@ -744,7 +748,7 @@ class _Run:
                 flags = self._vector_flags(dy, x)  # the kernel takes the TN tile when both are set
         elif self.dw.get("bwd_weight", "plain") != "plain":
             grid, splits, chunk = depthwise_weight_grid(v, self.dw["bwd_weight"], bool(self.flags),
-                                                        self.plan.problem.dtype, self.units)
+                                                        self.plan.problem.dtype, self.units, self.rows_v)
         elif self.alg == "depthwise":
             chunks = -(-v.taps // DW_TAPS)
             splits, chunk = _splits(v.K * chunks, total, 4 * THREADS, self.units, count)

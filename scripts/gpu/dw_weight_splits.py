@@ -17,8 +17,8 @@ FORCE: list[int] = []
 _orig = cuda.depthwise_weight_grid
 
 
-def _forced(view, kernel, cl, dtype, units):
-    grid, splits, chunk = _orig(view, kernel, cl, dtype, units)
+def _forced(view, kernel, cl, dtype, units, rows_v):
+    grid, splits, chunk = _orig(view, kernel, cl, dtype, units, rows_v)
     if FORCE and kernel.startswith("tile"):
         return (grid[0], FORCE[0], 1), FORCE[0], chunk
     return grid, splits, chunk
