@@ -134,9 +134,8 @@ PC_DEVICE void pc_tc_mma_frags(float (&acc)[PC_TC_MT][PC_TC_NT][4], const unsign
 PC_DEVICE void pc_tc_round(unsigned &w) { w = pc_tc_word(__uint_as_float(w)); }
 
 /* One k-step (16 of the reduction) of a warp's tile from shared rows A (M-major; Sw: Note [A swizzle], of the tile's
- * rows: A starts at the warp's row wm, which the 16-row warp tiles of Note [narrow tiles] leave odd in 16s) and B.
- * Round: TF32 operands that the ring copied unrounded (Note [async stages]) are rounded in the fragments. */
-template <bool Sw, bool Round = false>
+ * rows: A starts at the warp's row wm, which the 16-row warp tiles of Note [narrow tiles] leave odd in 16s) and B. */
+template <bool Sw>
 PC_DEVICE void pc_tc_mma(float (&acc)[PC_TC_MT][PC_TC_NT][4], const unsigned (*A)[PC_TC_LDW],
                          const unsigned (*B)[PC_TC_LDW], int g, int t, int wm = 0) {
     const int l = 4 * g + t;
@@ -167,13 +166,6 @@ PC_DEVICE void pc_tc_mma(float (&acc)[PC_TC_MT][PC_TC_NT][4], const unsigned (*A
 #pragma unroll
         for (int j = 0; j < PC_TC_NT; ++j) b[j][0] = B[8 * j + g][kw + t], b[j][1] = B[8 * j + g][kw + t + 4];
 #endif
-        if (Round && PC_DTYPE == 0) {
-#pragma unroll
-            for (int i = 0; i < PC_TC_MT; ++i) pc_tc_round(a[i][0]), pc_tc_round(a[i][1]), pc_tc_round(a[i][2]),
-                                               pc_tc_round(a[i][3]);
-#pragma unroll
-            for (int j = 0; j < PC_TC_NT; ++j) pc_tc_round(b[j][0]), pc_tc_round(b[j][1]);
-        }
         pc_tc_mma_frags(acc, a, b);
     }
 }
@@ -185,14 +177,40 @@ PC_DEVICE void pc_tc_mma(float (&acc)[PC_TC_MT][PC_TC_NT][4], const unsigned (*A
 
 /* The tile's shared memory, one allocation per kernel whichever instantiations of the run function it holds. */
 #define PC_TC_ASYNC (PC_TC_VEC && (PC_DTYPE != 0 || !PC_TC_V6)) /* Note [async stages]: the vector modes */
-#define PC_TC_STAGE_BYTES ((PC_TC_BM + PC_TC_BN) * PC_TC_LDW * 4)
-/* shared buffers: the ring's stages, as many as 48 KB of static shared memory holds up to 4 (16-bit: 4; TF32: 3, and 2
- * for 128 x 128), or the double buffer */
-#define PC_TC_NBUF (!PC_TC_ASYNC ? 2 : 4 * PC_TC_STAGE_BYTES <= 49152 ? 4 : 3 * PC_TC_STAGE_BYTES <= 49152 ? 3 : 2)
-struct pc_tc_smem { /* 16-byte aligned rows: Note [vector gathers], Note [ldmatrix] */
-    alignas(16) unsigned A[PC_TC_NBUF][PC_TC_BM][PC_TC_LDW];
-    alignas(16) unsigned B[PC_TC_NBUF][PC_TC_BN][PC_TC_LDW];
+struct pc_tc_smem { /* the register double buffer of Modes 0-2; 16-byte aligned rows: Note [vector gathers] */
+    alignas(16) unsigned A[2][PC_TC_BM][PC_TC_LDW];
+    alignas(16) unsigned B[2][PC_TC_BN][PC_TC_LDW];
 };
+
+/* Note [deep stages]: a stage of the cp.async ring (Note [async stages]) holds PC_TC_KS consecutive steps of PC_BK, one
+ * barrier and one wait a stage where v7 had one a step (16 of the reduction: 8 mma a warp at 128 x 64 between
+ * barriers), and the fragments of the stage's 2-4 k16 (k8) blocks are loaded and multiplied in one unrolled run. The
+ * rows are unpadded, 16 * PC_TC_KS halves (floats), their 16-byte chunks XOR-swizzled (Note [ring swizzle]) instead of
+ * the 4 pad words of v7's rows, so 48 KB of static shared memory holds 4 stages of 32 at 128 x 64 (16-bit) where
+ * it held 4 of 16, and 2 stages of 32 where it held 3 of 16 (TF32). The loads are unchanged: the cursor steps 16 at a
+ * time and a stage's sub-step s lands in chunks s * PC_TC_VP ... of its rows. A stage past the reduction's end is
+ * zero-filled. PC_TC_KS = 1: one step a stage (v7's schedule in the swizzled rows), for before / after; a tile whose
+ * 2 stages of PC_TC_KS steps would not fit 48 KB takes 1 (TF32 128 x 128). */
+#ifndef PC_TC_KS
+#define PC_TC_KS 2
+#endif
+#define PC_TC_RING_BYTES(ks) ((PC_TC_BM + PC_TC_BN) * (ks) * PC_TC_KW * 4) /* one stage */
+#define PC_TC_RK (2 * PC_TC_RING_BYTES(PC_TC_KS) <= 49152 ? PC_TC_KS : 1) /* steps a stage */
+#define PC_TC_RW (PC_TC_RK * PC_TC_KW)                                   /* 32-bit words of a ring row */
+#define PC_TC_RS (4 * PC_TC_RING_BYTES(PC_TC_RK) <= 49152 ? 4 : 3 * PC_TC_RING_BYTES(PC_TC_RK) <= 49152 ? 3 : 2)
+/* Note [ring swizzle]: chunk c (16 bytes) of ring row r lives at chunk c ^ pc_tc_rsw(r), the XOR taken from the row's
+ * place among the 8 rows that span the 32 banks (rows of 2, 4 chunks: (r / 4) % 2, (r / 2) % 4; of 8+: r % 8), so the
+ * 8 row addresses of every ldmatrix 8 x 8 block (8 consecutive rows, one logical chunk) fall on distinct 4-bank
+ * groups, as the pad words did, without them. */
+#define PC_TC_RCH (PC_TC_RW / 4) /* chunks a ring row */
+PC_DEVICE int pc_tc_rsw(int r) { return PC_TC_RCH >= 8 ? r & 7 : (r / (8 / PC_TC_RCH)) % PC_TC_RCH; }
+PC_DEVICE int pc_tc_rc(int r, int c) { return c ^ pc_tc_rsw(r); } /* where chunk c of row r lives */
+#if PC_TC_ASYNC
+struct pc_tc_ring {
+    alignas(16) unsigned A[PC_TC_RS][PC_TC_BM][PC_TC_RW];
+    alignas(16) unsigned B[PC_TC_RS][PC_TC_BN][PC_TC_RW];
+};
+#endif
 /* Note [TN tiles]: reduction-major rows of BM (BN) elements, padded 4 words (16-bit) or 8 (TF32) */
 #define PC_TC_TPA (PC_DTYPE == 0 ? PC_TC_BM + 8 : PC_TC_BM / 2 + 4) /* words per shared row */
 #define PC_TC_TPB (PC_DTYPE == 0 ? PC_TC_BN + 8 : PC_TC_BN / 2 + 4)
@@ -204,6 +222,9 @@ struct pc_tc_tn_smem {
 union pc_tc_smem_any { /* one allocation whichever tile a kernel runs */
     pc_tc_smem tile;
     pc_tc_tn_smem tn;
+#if PC_TC_ASYNC
+    pc_tc_ring ring;
+#endif
 };
 PC_DEVICE pc_tc_smem_any &pc_tc_shared_any() {
     PC_SHARED pc_tc_smem_any s;
@@ -303,34 +324,80 @@ struct pc_vec_cursor : pc_cursor<Op, true, PC_TC_VA> {
 };
 
 /* Note [async stages]: the vector modes copy global to shared with cp.async (16 bytes, zero-filled when the
- * source is out of bounds: src-size 0), no registers on the way, into a ring of PC_TC_NBUF stage buffers: stages k+1
- * .. k+NBUF-1 are in flight while step k multiplies, where the double buffer had one step of loads in flight, its
+ * source is out of bounds: src-size 0), no registers on the way, into a ring of PC_TC_RS stage buffers: stages k+1
+ * .. k+RS-1 are in flight while step k multiplies, where the double buffer had one step of loads in flight, its
  * latency exposed behind 8-16 mma a warp (Nsight Compute on v4: a step took ~1600 cycles on resnet50-l1-3x3-bf16-cl).
  * Element-wise B (Mode 3) keeps the register double buffer one step ahead, written into the ring's stage. v7: TF32
  * too (v6 kept its register double buffer, rounding when it stored): the floats land unrounded and the fragments are
- * rounded after their loads (pc_tc_mma's Round; rounding a rounded B element again changes nothing); 3 stages of its
- * 80-byte rows fit 48 KB at 128 x 64, 2 at 128 x 128. The copies are the prelude's pc_cp_async (Note [async
+ * rounded after their loads (pc_tc_mma_ring; rounding a rounded B element again changes nothing). v8: a stage holds
+ * several steps in swizzled rows (Note [deep stages]). The copies are the prelude's pc_cp_async (Note [async
  * copies]). */
 
-/* The thread's A vectors (and B vectors, VB) of the cursor's step into stage buffers A, B with cp.async. */
+#if PC_TC_ASYNC
+/* The thread's A vectors (and B vectors, VB) of the cursor's step into sub-step s of ring stage A, B with cp.async
+ * (Note [deep stages]); live false: zeros (a sub-step past the reduction's end). */
 template <bool VB, class Op>
-PC_DEVICE void pc_tc_issue(const Op &op, const pc_vec_cursor<Op, true> &cur, const typename Op::Row *rows,
-                           const typename Op::Col *cols, unsigned (*A)[PC_TC_LDW], unsigned (*B)[PC_TC_LDW], int tid) {
-    const int part = tid % PC_TC_VP, lv = tid / PC_TC_VP;
+PC_DEVICE void pc_tc_issue(const Op &op, const pc_vec_cursor<Op, true> &cur, bool live, const typename Op::Row *rows,
+                           const typename Op::Col *cols, unsigned (*A)[PC_TC_RW], unsigned (*B)[PC_TC_RW], int tid,
+                           int s) {
+    const int c = s * PC_TC_VP + tid % PC_TC_VP, lv = tid / PC_TC_VP; /* the vector's chunk of the row, its row */
 #pragma unroll
     for (int i = 0; i < PC_TC_VA; ++i) {
-        const bool in = cur.ok >> i & 1u;
-        pc_cp_async<16>(&A[lv + (PC_NT / PC_TC_VP) * i][4 * part], op.A_src() + (in ? op.A_off(rows[i], cur.d) : 0),
-                        in);
+        const int m = lv + (PC_NT / PC_TC_VP) * i;
+        const bool in = live && (cur.ok >> i & 1u);
+        pc_cp_async<16>(&A[m][4 * pc_tc_rc(m, c)], op.A_src() + (in ? op.A_off(rows[i], cur.d) : 0), in);
     }
     if (VB) {
 #pragma unroll
-        for (int j = 0; j < PC_TC_VBN; ++j)
-            if (lv + (PC_NT / PC_TC_VP) * j < PC_TC_BN)
-                pc_cp_async<16>(&B[lv + (PC_NT / PC_TC_VP) * j][4 * part],
-                                op.w + (cols[j].ok ? op.B_off(cur.d, cols[j]) : 0), cols[j].ok);
+        for (int j = 0; j < PC_TC_VBN; ++j) {
+            const int n = lv + (PC_NT / PC_TC_VP) * j;
+            const bool in = live && cols[j].ok;
+            if (n < PC_TC_BN) pc_cp_async<16>(&B[n][4 * pc_tc_rc(n, c)], op.w + (in ? op.B_off(cur.d, cols[j]) : 0), in);
+        }
     }
 }
+
+/* Element-wise B values rb of one step into sub-step s of ring stage B (Mode 3). */
+PC_DEVICE void pc_tc_stage_ring_b(unsigned (*B)[PC_TC_RW], const pc_tc_e *rb, int rr, int lq, int s) {
+#pragma unroll
+    for (int j = 0; j < PC_TC_BJ; ++j) {
+        const int n = lq + PC_LQ * j;
+        pc_tc_stage(B[n], (s * PC_BK + rr) ^ (PC_TC_VE * pc_tc_rsw(n)), rb[j]);
+    }
+}
+
+/* One ring stage of a warp's tile (Note [deep stages]): its PC_TC_RK steps' k16 (TF32: k8) blocks, fragments by
+ * ldmatrix from the swizzled rows (Note [ring swizzle]) at the warp's rows wm, columns wn; TF32 operands, copied
+ * unrounded, are rounded in the fragments (Note [async stages]). */
+PC_DEVICE void pc_tc_mma_ring(float (&acc)[PC_TC_MT][PC_TC_NT][4], const unsigned (*A)[PC_TC_RW],
+                              const unsigned (*B)[PC_TC_RW], int wm, int wn, int g, int t) {
+    const int l = 4 * g + t;
+#pragma unroll
+    for (int kw = 0; kw < PC_TC_RW; kw += 8) {
+        unsigned a[PC_TC_MT][4], b[PC_TC_NT][2];
+#pragma unroll
+        for (int i = 0; i < PC_TC_MT; ++i) { /* Note [ldmatrix], Note [TF32 ldmatrix]: row l % 16, chunk l / 16 */
+            const int m = wm + 16 * i + (l & 15);
+            pc_ldsm4(a[i], &A[m][4 * pc_tc_rc(m, kw / 4 + (l >> 4))]);
+        }
+#pragma unroll
+        for (int j = 0; j < PC_TC_NT; j += 2) { /* column l % 8 + 8 (l / 16), chunk l / 8 % 2 */
+            const int n = wn + 8 * j + (l & 7) + 8 * (l >> 4);
+            unsigned q[4];
+            pc_ldsm4(q, &B[n][4 * pc_tc_rc(n, kw / 4 + ((l >> 3) & 1))]);
+            b[j][0] = q[0], b[j][1] = q[1], b[j + 1][0] = q[2], b[j + 1][1] = q[3];
+        }
+        if (PC_DTYPE == 0) {
+#pragma unroll
+            for (int i = 0; i < PC_TC_MT; ++i) pc_tc_round(a[i][0]), pc_tc_round(a[i][1]), pc_tc_round(a[i][2]),
+                                               pc_tc_round(a[i][3]);
+#pragma unroll
+            for (int j = 0; j < PC_TC_NT; ++j) pc_tc_round(b[j][0]), pc_tc_round(b[j][1]);
+        }
+        pc_tc_mma_frags(acc, a, b);
+    }
+}
+#endif
 
 PC_DEVICE void pc_tc_stage_vec(unsigned *row, const uint4 &v) {
 #if PC_DTYPE == 0
@@ -428,12 +495,11 @@ PC_DEVICE void pc_tc_epilogue(const Op &op, const float (&acc)[PC_TC_MT][PC_TC_N
 }
 
 #if PC_TC_ASYNC
-/* Note [async stages]: Modes 3 (VB false) and 4. */
+/* Note [async stages], Note [deep stages]: Modes 3 (VB false) and 4. */
 template <class Op, bool VB>
 PC_DEVICE void pc_igemm_tc_async(const Op &op, pc_idx M, pc_idx NC, pc_idx rbeg, pc_idx rend) {
-    auto &As = pc_tc_shared().A;
-    auto &Bs = pc_tc_shared().B;
-    constexpr int S = PC_TC_NBUF;
+    auto &R = pc_tc_shared_any().ring;
+    constexpr int S = PC_TC_RS, KS = PC_TC_RK;
     const pc_tc_thread th;
     const int tid = th.tid, rr = th.rr, lq = th.lq, g = th.g, t = th.t;
     const int wm = th.wm, wn = th.wn;
@@ -448,41 +514,74 @@ PC_DEVICE void pc_igemm_tc_async(const Op &op, pc_idx M, pc_idx NC, pc_idx rbeg,
     for (int j = 0; j < BC; ++j) cols[j] = op.col(VB ? n0 + lv + (PC_NT / PC_TC_VP) * j : n0 + lq + PC_LQ * j, NC);
     float acc[PC_TC_MT][PC_TC_NT][4];
     pc_tc_zero(acc);
-    pc_vec_cursor<Op, true> cur(op, rows, rbeg + rr, rend, rr, 0); /* the A (and B) vectors, S - 1 steps ahead */
-    pc_cursor<Op, true, 0> bcur(op, rows, rbeg + rr, rend);        /* element-wise B, one step ahead */
-    pc_tc_e rb[VB ? 1 : PC_TC_BJ];
+    pc_vec_cursor<Op, true> cur(op, rows, rbeg + rr, rend, rr, 0); /* the A (and B) vectors, S - 1 stages ahead */
+    pc_cursor<Op, true, 0> bcur(op, rows, rbeg + rr, rend);        /* element-wise B, one stage ahead */
+    pc_tc_e rb[VB ? 1 : KS][VB ? 1 : PC_TC_BJ];
     const pc_idx steps = (rend - rbeg) / PC_BK; /* whole steps: the vector modes need channel counts in 16s */
+    const pc_idx stages = (steps + KS - 1) / KS;
+    pc_idx q = 0; /* steps the cursor has been issued for */
 #pragma unroll
     for (int k = 0; k < S - 1; ++k) {
-        if (k < steps) {
-            if (k) cur.next(op, rows);
-            pc_tc_issue<VB>(op, cur, rows, cols, As[k], Bs[k], tid);
+        if (k < stages) {
+#pragma unroll
+            for (int s = 0; s < KS; ++s) {
+                const bool live = q < steps;
+                if (live && q) cur.next(op, rows);
+                pc_tc_issue<VB>(op, cur, live, rows, cols, R.A[k], R.B[k], tid, s);
+                q += live;
+            }
         }
         pc_cp_async_commit();
     }
-    if (!VB && steps > 0) {
-        bcur.template fetch<pc_tc_e, PC_TC_BJ>(op, rows, cols, rb, rb);
+    pc_idx qb = 0; /* steps bcur has been fetched for */
+    if (!VB && stages > 0) {
 #pragma unroll
-        for (int j = 0; j < PC_TC_BJ; ++j) pc_tc_stage(Bs[0][lq + PC_LQ * j], rr, rb[j]);
+        for (int s = 0; s < KS; ++s) {
+            const bool live = qb < steps;
+            if (live && qb) bcur.next(op, rows);
+            if (live)
+                bcur.template fetch<pc_tc_e, PC_TC_BJ>(op, rows, cols, rb[s], rb[s]);
+            else
+#pragma unroll
+                for (int j = 0; j < PC_TC_BJ; ++j) rb[s][j] = pc_tc_e(0);
+            pc_tc_stage_ring_b(R.B[0], rb[s], rr, lq, s);
+            qb += live;
+        }
     }
-    for (pc_idx k = 0; k < steps; ++k) {
+    for (pc_idx k = 0; k < stages; ++k) {
         const int buf = (int)(k % S);
-        pc_cp_async_wait<S - 2>(); /* this thread's copies of step k are done */
-        PC_BARRIER();        /* ... everyone's; and step k - 1's buffers are free */
-        if (k + S - 1 < steps) {
-            cur.next(op, rows);
-            pc_tc_issue<VB>(op, cur, rows, cols, As[(k + S - 1) % S], Bs[(k + S - 1) % S], tid);
+        pc_cp_async_wait<S - 2>(); /* this thread's copies of stage k are done */
+        PC_BARRIER();        /* ... everyone's; and stage k - 1's buffers are free */
+        if (k + S - 1 < stages) {
+            const int nb = (int)((k + S - 1) % S);
+#pragma unroll
+            for (int s = 0; s < KS; ++s) {
+                const bool live = q < steps;
+                if (live) cur.next(op, rows);
+                pc_tc_issue<VB>(op, cur, live, rows, cols, R.A[nb], R.B[nb], tid, s);
+                q += live;
+            }
         }
         pc_cp_async_commit();
-        const bool bnext = !VB && k + 1 < steps;
-        if (bnext) {
-            bcur.next(op, rows);
-            bcur.template fetch<pc_tc_e, PC_TC_BJ>(op, rows, cols, rb, rb);
-        }
-        pc_tc_mma<false, true>(acc, As[buf] + wm, Bs[buf] + wn, g, t);
+        const bool bnext = !VB && k + 1 < stages;
         if (bnext) {
 #pragma unroll
-            for (int j = 0; j < PC_TC_BJ; ++j) pc_tc_stage(Bs[(k + 1) % S][lq + PC_LQ * j], rr, rb[j]);
+            for (int s = 0; s < KS; ++s) {
+                const bool live = qb < steps;
+                if (live) {
+                    bcur.next(op, rows);
+                    bcur.template fetch<pc_tc_e, PC_TC_BJ>(op, rows, cols, rb[s], rb[s]);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < PC_TC_BJ; ++j) rb[s][j] = pc_tc_e(0);
+                }
+                qb += live;
+            }
+        }
+        pc_tc_mma_ring(acc, R.A[buf], R.B[buf], wm, wn, g, t);
+        if (bnext) {
+#pragma unroll
+            for (int s = 0; s < KS; ++s) pc_tc_stage_ring_b(R.B[(k + 1) % S], rb[s], rr, lq, s);
         }
     }
     pc_tc_epilogue(op, acc, m0 + wm, n0 + wn, g, t, M, NC);

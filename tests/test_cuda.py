@@ -429,13 +429,16 @@ VEC_CASES = [  # Note [vector gathers]: channel counts of A's reduction multiple
 ]
 
 
+@pytest.mark.parametrize("ks", cuda.TC_KS)
 @pytest.mark.parametrize("w_layout", ["chlast", "contig"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("case", range(len(VEC_CASES)))
-def test_tensor_core_vector_gathers(gpu, case, dtype, w_layout, monkeypatch, tf32_conv):
+def test_tensor_core_vector_gathers(gpu, case, dtype, w_layout, ks, monkeypatch, tf32_conv):
     """Note [vector gathers]: channels-last problems whose reduction channels come in 16s read A (and, forward with a
     channels-last weight, B) 16 bytes at a time: the launches carry FLAG_VA (FLAG_VB), every direction matches
-    float64; the same problem from a misaligned address runs the element gathers (no flag) and matches too."""
+    float64; the same problem from a misaligned address runs the element gathers (no flag) and matches too. Each
+    with 1, 2 and 4 steps a ring stage (Note [deep stages]: the cases' 1, 3, 9, 27 steps leave part-empty stages)."""
+    monkeypatch.setenv(cuda.TC_KS_ENV, ks)
     flags = _spy_vector_flags(monkeypatch)
     xs, ws, kw = VEC_CASES[case]
     x, w, b, p = _make(xs, ws, kw, "chlast", dtype, gpu)

@@ -71,11 +71,16 @@ def test_nvcc_builds_every_kernel(nvcc):
              for t in (tc if a == "sm_90" else tc[:1])]
     jobs += [("igemm.cu", "sm_90", {"PC_DTYPE": 2, "PC_INDEX64": 1, **tc[0]})]
     jobs += [("igemm.cu", "sm_90", {"PC_DTYPE": 0, "PC_INDEX64": 0, "PC_TC_V6": 1, **t}) for t in tc]  # v6's TF32
+    # Note [deep stages]: the other steps-a-stage of the ring (PC_TC_KS; 2 is the default above), TF32 and 16-bit
+    ks = [k for k in map(int, cuda.TC_KS) if k != 2]
+    jobs += [("igemm.cu", "sm_90", {"PC_DTYPE": dt, "PC_INDEX64": 0, "PC_TC_KS": k, **tc[i]}) for k in ks
+             for dt in (0, 2) for i in (0, 1)]
     with tempfile.TemporaryDirectory() as tmp, concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 2) as ex:
         results = list(ex.map(lambda j: _compile(nvcc, *j, tmp), jobs))
     failures = [f"{cmd}\n{err}" for cmd, rc, err in results if rc != 0 or "warning" in err.lower()]
     assert not failures, "\n\n".join(failures)
-    assert len(results) == len(ENTRIES) * (len(ARCHS) * 4 + 1) + 3 * (len(tc) + len(ARCHS) - 1) + 1 + len(tc)
+    assert len(results) == (len(ENTRIES) * (len(ARCHS) * 4 + 1) + 3 * (len(tc) + len(ARCHS) - 1) + 1 + len(tc)
+                            + 4 * len(ks))
 
 
 def test_nvrtc_keeps_the_hot_depthwise_kernels_at_two_blocks_an_sm():

@@ -34,6 +34,8 @@ TC_TILE_ENV = "PORTCONV_CUDA_IGEMM_TC_TILE"  # force one TC_TILES entry for ever
 TC_V4_ENV = "PORTCONV_CUDA_IGEMM_TC_V4"  # "1": the v4 tile (no ldmatrix, no vector gathers; before/after timings)
 TC_V5_ENV = "PORTCONV_CUDA_IGEMM_TC_V5"  # "1": the v5 kernels (weight gradient without Note [TN tiles]; before/after)
 TC_V6_ENV = "PORTCONV_CUDA_IGEMM_TC_V6"  # "1": v6 (TF32 without Note [TF32 ldmatrix] and its ring, v6's tile rule)
+TC_KS_ENV = "PORTCONV_CUDA_IGEMM_TC_KS"  # "1", "2", "4": steps a ring stage (Note [deep stages]; before/after timings)
+TC_KS = ("1", "2", "4")
 THREADS = 256
 # Note [warp finalize] (cuda/reduce.cuh): the finalize sums a value with a warp from WARP_FINALIZE splits and up to
 # WARP_FINALIZE_MAX values (more values fill the GPU with a thread a value, and its loads coalesce)
@@ -561,6 +563,7 @@ class _Run:
         self.v4 = os.environ.get(TC_V4_ENV) == "1"  # read when the launches are recorded (Note [replayed launches])
         self.v5 = self.v4 or os.environ.get(TC_V5_ENV) == "1"
         self.v6 = self.v5 or os.environ.get(TC_V6_ENV) == "1"
+        self.ks = os.environ.get(TC_KS_ENV) if os.environ.get(TC_KS_ENV) in TC_KS else None
         self.flags = FLAG_CL if plan.memory_format != "contiguous" else 0
         self.dw = depthwise_kernels(self.view, bool(self.flags)) if self.alg == "depthwise" else {}
         self.rows_v = dw_v(self.view, pr.dtype, bool(self.flags), self.dw) if self.dw else DW_V
@@ -603,6 +606,8 @@ class _Run:
             extra["PC_TC_LDSM"] = 0
         elif self.v6:
             extra["PC_TC_V6"] = 1
+        elif self.ks:
+            extra["PC_TC_KS"] = int(self.ks)
         return bm, bn, extra
 
     def _vector_flags(self, a=None, b=None, b_axis: int = 1) -> int:

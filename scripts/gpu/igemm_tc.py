@@ -6,7 +6,9 @@ against cuDNN on the suite's dense rows, per direction, same process, same data 
 
 Tile `v4` is the auto tile with PORTCONV_CUDA_IGEMM_TC_V4=1 (the v4 kernel: no ldmatrix, no vector gathers), `v5`
 the auto tile with PORTCONV_CUDA_IGEMM_TC_V5=1 (the v5 kernels: weight gradient without Note [TN tiles]), `v6` with
-PORTCONV_CUDA_IGEMM_TC_V6=1 (v6: TF32 without Note [TF32 ldmatrix] and the cp.async ring, v6's tile rule).
+PORTCONV_CUDA_IGEMM_TC_V6=1 (v6: TF32 without Note [TF32 ldmatrix] and the cp.async ring, v6's tile rule); `ks1`,
+`ks2`, `ks4` the auto tile with PORTCONV_CUDA_IGEMM_TC_KS=1/2/4 (steps a ring stage, Note [deep stages]; ks1: v7's
+schedule).
 
 float32 runs under torch's default conv precision (TF32 allowed), so cuDNN and igemm-tc both use TF32.
 """
@@ -50,7 +52,8 @@ def main() -> int:
     dev = torch.device("cuda", 0)
     dirs = tuple(d for d in DIRS if d in a.dirs.split(","))
     # earlier kernel versions, for before / after
-    knobs = {"v4": cuda.TC_V4_ENV, "v5": cuda.TC_V5_ENV, "v6": cuda.TC_V6_ENV}
+    knobs = {"v4": (cuda.TC_V4_ENV, "1"), "v5": (cuda.TC_V5_ENV, "1"), "v6": (cuda.TC_V6_ENV, "1"),
+             **{f"ks{k}": (cuda.TC_KS_ENV, k) for k in cuda.TC_KS}}
     t0, out = time.time(), []
     for dtype in a.dtypes.split(","):
         for row in rows:
@@ -64,10 +67,10 @@ def main() -> int:
             res = {"row": row.name, "dtype": dtype, "ms": {}}
             entries = [("cudnn", "cudnn", None)] + [(f"tc-{t}", "cuda", t) for t in a.tiles.split(",")]
             for label, backend, tile in entries:
-                for env in knobs.values():
+                for env, _ in knobs.values():
                     os.environ.pop(env, None)
                 if tile in knobs:  # an earlier kernel (auto tile), for before / after in one process
-                    os.environ[knobs[tile]] = "1"
+                    os.environ[knobs[tile][0]] = knobs[tile][1]
                 if tile is None or tile == "auto" or tile in knobs:
                     os.environ.pop(cuda.TC_TILE_ENV, None)
                 else:
@@ -93,7 +96,7 @@ def main() -> int:
                     except Exception as e:  # noqa: BLE001 - report and go on
                         res["ms"].setdefault(label, {})[d] = None
                         res.setdefault("errors", []).append(f"{label} {d}: {type(e).__name__}: {e}"[:400])
-            for env in (cuda.TC_TILE_ENV, *knobs.values()):
+            for env in (cuda.TC_TILE_ENV, *(e for e, _ in knobs.values())):
                 os.environ.pop(env, None)
             ms = res["ms"]
             line = [f"{row.name:28s} {dtype:8s}"]
