@@ -187,10 +187,11 @@ struct pc_tc_smem { /* the register double buffer of Modes 0-2; 16-byte aligned 
  * barriers), and the fragments of the stage's 2-4 k16 (k8) blocks are loaded and multiplied in one unrolled run. The
  * rows are unpadded, 16 * PC_TC_KS halves (floats), their 16-byte chunks XOR-swizzled (Note [ring swizzle]) instead of
  * the 4 pad words of v7's rows, so 48 KB of static shared memory holds 4 stages of 32 at 128 x 64 (16-bit) where
- * it held 4 of 16, and 2 stages of 32 where it held 3 of 16 (TF32). The loads are unchanged: the cursor steps 16 at a
- * time and a stage's sub-step s lands in chunks s * PC_TC_VP ... of its rows. A stage past the reduction's end is
- * zero-filled. PC_TC_KS = 1: one step a stage (v7's schedule in the swizzled rows), for before / after; a tile whose
- * 2 stages of PC_TC_KS steps would not fit 48 KB takes 1 (TF32 128 x 128). */
+ * it held 4 of 16, and 2 stages of 32 where it held 3 of 16 (TF32). The copies take a stage's row as one run (Note
+ * [stage rows]); element-wise B (Mode 3) still gathers a step at a time, its sub-step s into elements 16 s ... of
+ * the rows. Vectors past the reduction's end are zero-filled. PC_TC_KS = 1: one step a stage (v7's schedule in the
+ * swizzled rows), for before / after; a tile whose 2 stages of PC_TC_KS steps would not fit 48 KB takes 1 (TF32
+ * 128 x 128). */
 #ifndef PC_TC_KS
 #define PC_TC_KS 2
 #endif
@@ -257,8 +258,12 @@ struct pc_mlane_cursor : pc_cursor<Op, true, PC_TC_AI> {
         set_a(op);
     }
     PC_DEVICE void next(const Op &op, const typename Op::Row *rows) {
-        base::next(op, rows);
-        set_a(op);
+        if (base::next(op, rows)) {
+            set_a(op);
+        } else {
+            op.red_ch(a0);
+            op.red_ch(a1);
+        }
     }
     template <class V, int BJ> /* ra[2i + h]: row i, channel h */
     PC_DEVICE void fetch(const Op &op, const typename Op::Row *rows, const typename Op::Col *cols, V *ra,
@@ -303,8 +308,10 @@ struct pc_vec_cursor : pc_cursor<Op, true, PC_TC_VA> {
     }
     static PC_DEVICE int pc_vec_part() { return (int)threadIdx.x % PC_TC_VP; }
     PC_DEVICE void next(const Op &op, const typename Op::Row *rows) {
-        base::next(op, rows);
-        set_b(op);
+        if (base::next(op, rows))
+            set_b(op);
+        else if (!VB)
+            op.red_ch(b);
     }
     /* va: the thread's A vectors; vb: its B vectors (VB), or rb: its B elements */
     PC_DEVICE void fetch(const Op &op, const typename Op::Row *rows, const typename Op::Col *cols, uint4 *va,
@@ -334,25 +341,37 @@ struct pc_vec_cursor : pc_cursor<Op, true, PC_TC_VA> {
  * copies]). */
 
 #if PC_TC_ASYNC
-/* The thread's A vectors (and B vectors, VB) of the cursor's step into sub-step s of ring stage A, B with cp.async
- * (Note [deep stages]); live false: zeros (a sub-step past the reduction's end). */
+/* Note [stage rows]: a ring stage's row of PC_TC_RK steps is PC_TC_WP 16-byte vectors, one run of contiguous channels
+ * in A's (B's) tensor; load thread tid takes vector tid % WP of rows tid / WP + (256 / WP) i, so a warp's copy covers
+ * 32 / WP rows of 16 WP bytes each where one step's vectors (v7's order) covered 32 / VP rows of 16 VP bytes: fewer
+ * lines a copy instruction, and one issue a stage instead of one a step. The thread's cursor sits at channel (tid % WP)
+ * VE of the stage's window and steps PC_TC_RK times a stage; a window must not straddle a tap, so the host builds
+ * the ring with PC_TC_KS steps only for channel counts in multiples of 16 PC_TC_KS (cuda._Run._igemm_tile), and the
+ * kernel checks it (pc_igemm_tc_run). */
+#define PC_TC_WP (PC_TC_RK * PC_TC_VP)              /* vectors a ring row */
+#define PC_TC_WA (PC_TC_BM * PC_TC_WP / PC_NT)      /* A vectors a thread a stage */
+#define PC_TC_WB ((PC_TC_BN * PC_TC_WP + PC_NT - 1) / PC_NT) /* B vectors (the last pass may be partial) */
+
+/* The thread's A vectors (and B vectors, VB) of the cursor's stage into ring stage A, B with cp.async (Note [stage
+ * rows]); live false: zeros (a vector past the reduction's end). */
 template <bool VB, class Op>
-PC_DEVICE void pc_tc_issue(const Op &op, const pc_vec_cursor<Op, true> &cur, bool live, const typename Op::Row *rows,
-                           const typename Op::Col *cols, unsigned (*A)[PC_TC_RW], unsigned (*B)[PC_TC_RW], int tid,
-                           int s) {
-    const int c = s * PC_TC_VP + tid % PC_TC_VP, lv = tid / PC_TC_VP; /* the vector's chunk of the row, its row */
+PC_DEVICE void pc_tc_issue(const Op &op, const pc_cursor<Op, true, PC_TC_WA> &cur, bool live,
+                           const typename Op::Row *rows, const typename Op::Col *cols, unsigned (*A)[PC_TC_RW],
+                           unsigned (*B)[PC_TC_RW], int tid) {
+    const int c = tid % PC_TC_WP, lv = tid / PC_TC_WP; /* the vector's chunk of the row, its first row */
 #pragma unroll
-    for (int i = 0; i < PC_TC_VA; ++i) {
-        const int m = lv + (PC_NT / PC_TC_VP) * i;
+    for (int i = 0; i < PC_TC_WA; ++i) {
+        const int m = lv + (PC_NT / PC_TC_WP) * i;
         const bool in = live && (cur.ok >> i & 1u);
         pc_cp_async<16>(&A[m][4 * pc_tc_rc(m, c)], op.A_src() + (in ? op.A_off(rows[i], cur.d) : 0), in);
     }
     if (VB) {
 #pragma unroll
-        for (int j = 0; j < PC_TC_VBN; ++j) {
-            const int n = lv + (PC_NT / PC_TC_VP) * j;
+        for (int j = 0; j < PC_TC_WB; ++j) {
+            const int n = lv + (PC_NT / PC_TC_WP) * j;
             const bool in = live && cols[j].ok;
-            if (n < PC_TC_BN) pc_cp_async<16>(&B[n][4 * pc_tc_rc(n, c)], op.w + (in ? op.B_off(cur.d, cols[j]) : 0), in);
+            if (n < PC_TC_BN)
+                pc_cp_async<16>(&B[n][4 * pc_tc_rc(n, c)], op.w + (in ? op.B_off(cur.d, cols[j]) : 0), in);
         }
     }
 }
@@ -504,32 +523,31 @@ PC_DEVICE void pc_igemm_tc_async(const Op &op, pc_idx M, pc_idx NC, pc_idx rbeg,
     const int tid = th.tid, rr = th.rr, lq = th.lq, g = th.g, t = th.t;
     const int wm = th.wm, wn = th.wn;
     const pc_idx m0 = th.m0, n0 = th.n0;
-    const int lv = tid / PC_TC_VP;
-    constexpr int BC = VB ? PC_TC_VBN : PC_TC_BJ;
-    typename Op::Row rows[PC_TC_VA];
+    const int lv = tid / PC_TC_WP;
+    constexpr int BC = VB ? PC_TC_WB : PC_TC_BJ;
+    typename Op::Row rows[PC_TC_WA];
     typename Op::Col cols[BC];
 #pragma unroll
-    for (int j = 0; j < PC_TC_VA; ++j) rows[j] = op.row(m0 + lv + (PC_NT / PC_TC_VP) * j, M);
+    for (int j = 0; j < PC_TC_WA; ++j) rows[j] = op.row(m0 + lv + (PC_NT / PC_TC_WP) * j, M);
 #pragma unroll
-    for (int j = 0; j < BC; ++j) cols[j] = op.col(VB ? n0 + lv + (PC_NT / PC_TC_VP) * j : n0 + lq + PC_LQ * j, NC);
+    for (int j = 0; j < BC; ++j) cols[j] = op.col(VB ? n0 + lv + (PC_NT / PC_TC_WP) * j : n0 + lq + PC_LQ * j, NC);
     float acc[PC_TC_MT][PC_TC_NT][4];
     pc_tc_zero(acc);
-    pc_vec_cursor<Op, true> cur(op, rows, rbeg + rr, rend, rr, 0); /* the A (and B) vectors, S - 1 stages ahead */
-    pc_cursor<Op, true, 0> bcur(op, rows, rbeg + rr, rend);        /* element-wise B, one stage ahead */
+    pc_idx rv = rbeg + (tid % PC_TC_WP) * PC_TC_VE;           /* the thread's vectors' reduction index */
+    pc_cursor<Op, true, PC_TC_WA> cur(op, rows, rv, rend);    /* ... S - 1 stages ahead (Note [stage rows]) */
+    pc_cursor<Op, true, 0> bcur(op, rows, rbeg + rr, rend);   /* element-wise B, one stage ahead */
     pc_tc_e rb[VB ? 1 : KS][VB ? 1 : PC_TC_BJ];
     const pc_idx steps = (rend - rbeg) / PC_BK; /* whole steps: the vector modes need channel counts in 16s */
     const pc_idx stages = (steps + KS - 1) / KS;
-    pc_idx q = 0; /* steps the cursor has been issued for */
 #pragma unroll
     for (int k = 0; k < S - 1; ++k) {
         if (k < stages) {
+            if (k) {
 #pragma unroll
-            for (int s = 0; s < KS; ++s) {
-                const bool live = q < steps;
-                if (live && q) cur.next(op, rows);
-                pc_tc_issue<VB>(op, cur, live, rows, cols, R.A[k], R.B[k], tid, s);
-                q += live;
+                for (int s = 0; s < KS; ++s) cur.next(op, rows);
+                rv += KS * PC_BK;
             }
+            pc_tc_issue<VB>(op, cur, rv < rend, rows, cols, R.A[k], R.B[k], tid);
         }
         pc_cp_async_commit();
     }
@@ -553,14 +571,10 @@ PC_DEVICE void pc_igemm_tc_async(const Op &op, pc_idx M, pc_idx NC, pc_idx rbeg,
         pc_cp_async_wait<S - 2>(); /* this thread's copies of stage k are done */
         PC_BARRIER();        /* ... everyone's; and stage k - 1's buffers are free */
         if (k + S - 1 < stages) {
-            const int nb = (int)((k + S - 1) % S);
 #pragma unroll
-            for (int s = 0; s < KS; ++s) {
-                const bool live = q < steps;
-                if (live) cur.next(op, rows);
-                pc_tc_issue<VB>(op, cur, live, rows, cols, R.A[nb], R.B[nb], tid, s);
-                q += live;
-            }
+            for (int s = 0; s < KS; ++s) cur.next(op, rows);
+            rv += KS * PC_BK;
+            pc_tc_issue<VB>(op, cur, rv < rend, rows, cols, R.A[(k + S - 1) % S], R.B[(k + S - 1) % S], tid);
         }
         pc_cp_async_commit();
         const bool bnext = !VB && k + 1 < stages;
@@ -592,8 +606,9 @@ PC_DEVICE void pc_igemm_tc_async(const Op &op, pc_idx M, pc_idx NC, pc_idx rbeg,
  * steps, vector A (Note [vector gathers]); 4: vector A and B. */
 template <class Op, int Mode>
 PC_DEVICE void pc_igemm_tc_run(const Op &op, pc_idx M, pc_idx NC, pc_idx rbeg, pc_idx rend) {
-#if PC_TC_ASYNC
-    if constexpr (Mode >= 3) return pc_igemm_tc_async<Op, Mode == 4>(op, M, NC, rbeg, rend);
+#if PC_TC_ASYNC /* Note [stage rows]: a stage's window of channels inside one tap, else the register double buffer */
+    if constexpr (Mode >= 3)
+        if (op.fast_ch() % (PC_BK * PC_TC_RK) == 0) return pc_igemm_tc_async<Op, Mode == 4>(op, M, NC, rbeg, rend);
 #endif
     auto &As = pc_tc_shared().A;
     auto &Bs = pc_tc_shared().B;

@@ -108,6 +108,14 @@ def test_tensor_core_tiles(monkeypatch):
     assert cuda.sm_version("sm_90a") == 90 and cuda.sm_version("gfx90a") == 0
 
 
+def test_ring_steps():
+    """Note [stage rows]: a ring stage's channels stay inside one tap: steps a stage halve until 16 x steps divides
+    the channel count (64: 2 by default, 4 when forced; 48, 144: 1)."""
+    assert cuda.ring_steps(64) == cuda.TC_KS_DEFAULT == 2
+    assert cuda.ring_steps(48) == cuda.ring_steps(144) == cuda.ring_steps(16) == 1
+    assert cuda.ring_steps(64, "4") == 4 and cuda.ring_steps(96, "4") == 2 and cuda.ring_steps(64, "1") == 1
+
+
 def test_rocm_and_cpu_tensors_are_not_the_cuda_backends(monkeypatch):
     be = cuda.CudaBackend()
     cpu = Problem(ConvParams.make(2), dataclasses.replace(_spec((1, 2, 5, 5)), device_type="cpu", device_index=None),
@@ -426,6 +434,7 @@ VEC_CASES = [  # Note [vector gathers]: channel counts of A's reduction multiple
     ((2, 16, 11, 12), (32, 16, 3, 3), dict(padding=(1, 2), dilation=(1, 2))),  # C = 16, dilation
     ((2, 32, 9, 9), (32, 24, 4, 4), dict(stride=2, padding=1, output_padding=1, transposed=True)),
     ((5, 16, 7, 7), (144, 16, 1, 1), dict()),  # 144 columns: a partial second column tile
+    ((2, 64, 9, 10), (64, 64, 3, 3), dict(padding=1)),  # C = K = 64: 2 (4 when forced) steps a ring stage
 ]
 
 

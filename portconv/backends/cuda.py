@@ -36,6 +36,7 @@ TC_V5_ENV = "PORTCONV_CUDA_IGEMM_TC_V5"  # "1": the v5 kernels (weight gradient 
 TC_V6_ENV = "PORTCONV_CUDA_IGEMM_TC_V6"  # "1": v6 (TF32 without Note [TF32 ldmatrix] and its ring, v6's tile rule)
 TC_KS_ENV = "PORTCONV_CUDA_IGEMM_TC_KS"  # "1", "2", "4": steps a ring stage (Note [deep stages]; before/after timings)
 TC_KS = ("1", "2", "4")
+TC_KS_DEFAULT = 2  # Note [deep stages] (H100, docs/performance/h100-2026-11-25h): 16-bit 1.04x, TF32 1.02x over 1
 THREADS = 256
 # Note [warp finalize] (cuda/reduce.cuh): the finalize sums a value with a warp from WARP_FINALIZE splits and up to
 # WARP_FINALIZE_MAX values (more values fill the GPU with a thread a value, and its loads coalesce)
@@ -150,6 +151,16 @@ def tc_tile(m: int, n: int, units: int, reduction: int = 0, tf32_ring: bool = Fa
     if tf32_ring or 0 < reduction < 128 or -(-m // 128) * -(-n // 128) < 2 * max(units, 1):
         return TC_TILES["128x64"]
     return TC_TILES["128x128"]
+
+
+def ring_steps(ch: int, forced: str | None = None) -> int:
+    """Note [deep stages], Note [stage rows]: steps of 16 a stage of the tensor-core ring (PC_TC_KS) for tap-major
+    steps over ``ch`` channels a tap: TC_KS_DEFAULT (or ``forced``, PORTCONV_CUDA_IGEMM_TC_KS), halved until a
+    stage's 16 x steps channels divide ``ch``, so that no stage straddles a tap."""
+    ks = int(forced or TC_KS_DEFAULT)
+    while ks > 1 and ch % (16 * ks):
+        ks //= 2
+    return ks
 
 
 def choose_for(problem: Problem, device: DeviceInfo, kernel_set: str = "CUDA", tf32: bool = False,
@@ -594,9 +605,12 @@ class _Run:
     def _launch(self, name: str, grid, args, extra: dict | None = None, dependent: bool = False) -> None:
         self.io.launch(self._fn(name, extra), grid, THREADS, args, dependent)
 
-    def _igemm_tile(self, m: int, n: int, reduction: int = 0, weight: bool = False) -> tuple[int, int, dict | None]:
+    def _igemm_tile(self, m: int, n: int, reduction: int = 0, weight: bool = False,
+                    ch: int = 0) -> tuple[int, int, dict | None]:
         """(BM, BN, extra defines) of the implicit GEMM tile for an M x N GEMM over ``reduction`` terms (``weight``:
-        the weight gradient's): the FMA tile, or a tensor-core one (Note [tile rule])."""
+        the weight gradient's) whose tap-major steps run over ``ch`` channels a tap (0: none): the FMA tile, or a
+        tensor-core one (Note [tile rule]; Note [stage rows]: steps a ring stage, as many of TC_KS_DEFAULT as keep
+        a stage's channels inside one tap)."""
         if self.alg != "igemm-tc":
             return IGEMM_TILE[0], IGEMM_TILE[1], None
         new = not self.v6
@@ -606,8 +620,8 @@ class _Run:
             extra["PC_TC_LDSM"] = 0
         elif self.v6:
             extra["PC_TC_V6"] = 1
-        elif self.ks:
-            extra["PC_TC_KS"] = int(self.ks)
+        else:
+            extra["PC_TC_KS"] = ring_steps(ch, self.ks)
         return bm, bn, extra
 
     def _vector_flags(self, a=None, b=None, b_axis: int = 1) -> int:
@@ -673,7 +687,7 @@ class _Run:
         v = self.view
         name, extra = f"{PREFIX[self.alg]}_fwd", None
         if self.alg in IGEMM_ALGS:
-            bm, bn, extra = self._igemm_tile(v.y_positions, v.K // v.G, v.C // v.G * v.taps)
+            bm, bn, extra = self._igemm_tile(v.y_positions, v.K // v.G, v.C // v.G * v.taps, ch=v.C // v.G)
             grid = (-(-v.y_positions // bm), -(-(v.K // v.G) // bn), v.G)
             if self._stages(v.C // v.G, bm):  # Note [channels-last staging]
                 sx, sw = self._to_stage("fwd", v.y_positions * v.K * v.C * v.taps, x, w)
@@ -700,7 +714,7 @@ class _Run:
         if phases:  # Note [bwd-data phases]
             name += "_phase"
             phase0 = v.N * -(-v.X[0] // v.S[0]) * -(-v.X[1] // v.S[1]) * -(-v.X[2] // v.S[2])
-            bm, bn, extra = self._igemm_tile(phase0, v.C // v.G, v.K // v.G * v.taps // math.prod(v.S))
+            bm, bn, extra = self._igemm_tile(phase0, v.C // v.G, v.K // v.G * v.taps // math.prod(v.S), ch=v.K // v.G)
             grid = (-(-phase0 // bm), -(-(v.C // v.G) // bn), v.G * v.S[0] * v.S[1] * v.S[2])
             if self._stages(v.K // v.G, bm):  # Note [channels-last staging]
                 # W's K is contiguous in no dense layout: a dense W (K outermost, KCRS or KRSC) is staged whenever
