@@ -103,6 +103,12 @@ def test_tensor_core_tiles(monkeypatch):
     assert cuda.tc_tile(100352, 256, 132, reduction=576, tf32_ring=True) == cuda.TC_TILES["128x64"]
     assert cuda.tc_tile(100352, 256, 132, reduction=64) == cuda.TC_TILES["128x64"]
     assert cuda.tc_tile(64, 1152, 132, reduction=64, tf32_ring=True) == cuda.TC_TILES["64x128"]
+    # v8: wide weight gradients (wav2vec2-conv1d's 512 x 1536) take 128 x 128; narrower ones keep the rule above
+    assert cuda.tc_tile(512, 1536, 132, reduction=12792, weight=True) == cuda.TC_TILES["128x128"]
+    assert cuda.tc_tile(512, 1536, 132, reduction=12792) == cuda.TC_TILES["128x64"]
+    assert cuda.tc_tile(1024, 512, 132, reduction=6272, weight=True) == cuda.TC_TILES["128x64"]
+    assert cuda.tc_tile(64, 1536, 132, reduction=6272, weight=True) == cuda.TC_TILES["64x128"]
+    assert cuda.TC_TILES["64x128"] == (64, 128, 2)  # v8: 32 x 32 warp tiles
     monkeypatch.setenv(cuda.TC_TILE_ENV, "64x128")
     assert cuda.tc_tile(100352, 256, 132) == cuda.TC_TILES["64x128"]
     assert cuda.sm_version("sm_90a") == 90 and cuda.sm_version("gfx90a") == 0

@@ -28,8 +28,11 @@ IGEMM_ALGS = ("implicit_gemm", "igemm-tc")
 # plan's math is 'tf32' (torch's cuDNN conv precision policy allows it, as for the cudnn backend).
 TC_MMA = {"float16": "mma.sync fp16 m16n8k16, fp32 accumulate", "bfloat16": "mma.sync bf16 m16n8k16, fp32 accumulate",
           "float32": "mma.sync tf32 m16n8k8 (operands rounded to TF32), fp32 accumulate"}
-TC_TILES = {"128x128": (128, 128, 2), "128x64": (128, 64, 4), "64x128": (64, 128, 1),  # BM, BN, warps along M
-            "128x16": (128, 16, 8)}  # Note [narrow tiles]
+# "64x128": 32 x 32 warp tiles since v8 (64 x 16 before, kept as "64x128w1" for before / after: its 8 warps each read
+# the whole 64-row A slab; H100 sweep, docs/performance/h100-2026-11-25h call 5: weight gradients 1.00x-1.06x)
+TC_TILES = {"128x128": (128, 128, 2), "128x64": (128, 64, 4), "64x128": (64, 128, 2),  # BM, BN, warps along M
+            "128x16": (128, 16, 8),  # Note [narrow tiles]
+            "64x128w1": (64, 128, 1)}
 TC_TILE_ENV = "PORTCONV_CUDA_IGEMM_TC_TILE"  # force one TC_TILES entry for every launch (experiments)
 TC_V4_ENV = "PORTCONV_CUDA_IGEMM_TC_V4"  # "1": the v4 tile (no ldmatrix, no vector gathers; before/after timings)
 TC_V5_ENV = "PORTCONV_CUDA_IGEMM_TC_V5"  # "1": the v5 kernels (weight gradient without Note [TN tiles]; before/after)
@@ -131,9 +134,14 @@ def tensor_core_mma(dtype: str, device: DeviceInfo, kernel_set: str, tf32: bool)
 # Note [narrow tiles]: backward-data's GEMM has C/G columns, so C_in = 1..16 (an image stem, a spectrogram) left a
 # 64-column tile spending 75%-98% of every mma on padding columns (v6: deepbench-speech-c1's backward-data, C_in = 1,
 # at 0.16x-0.27x cuDNN). GEMMs of up to 16 columns take the 128x16 tile: 8 warps along M, 16 x 16 warp tiles.
-def tc_tile(m: int, n: int, units: int, reduction: int = 0, tf32_ring: bool = False) -> tuple[int, int, int]:
+WIDE_WEIGHT_N = 1536
+
+
+def tc_tile(m: int, n: int, units: int, reduction: int = 0, tf32_ring: bool = False,
+            weight: bool = False) -> tuple[int, int, int]:
     """(BM, BN, warps along M) of the tensor-core tile for an M x N GEMM (per group) over ``reduction`` terms (0:
-    not said); ``tf32_ring``: a TF32 forward / backward-data, whose vector modes run the cp.async ring (v7)."""
+    not said); ``tf32_ring``: a TF32 forward / backward-data, whose vector modes run the cp.async ring (v7);
+    ``weight``: a weight gradient (its reduction split to fill the device: _splits)."""
     forced = os.environ.get(TC_TILE_ENV, "")
     if forced in TC_TILES:
         return TC_TILES[forced]
@@ -143,6 +151,13 @@ def tc_tile(m: int, n: int, units: int, reduction: int = 0, tf32_ring: bool = Fa
         return TC_TILES["128x64"]
     if m <= 64:
         return TC_TILES["64x128"]
+    # Note [tile rule], v8: a weight gradient fills the device by splitting its reduction, not by tiles, so the count
+    # of 128 x 128 tiles below says nothing there; on the wide ones (C/G x taps >= WIDE_WEIGHT_N columns) 128 x 128 ran
+    # 1.00x-1.27x the speed of 128 x 64 in both dtypes and two H100 sweeps (wav2vec2-conv1d 1.16x-1.27x, vae-dec
+    # 1.03x-1.21x, dcgan, resnet50-l3-3x3, deeplabv3-aspp-d12 1.00x-1.10x), and 0.89x-0.99x on the narrower
+    # resnet50-1x1-reduce / -downsample and deepbench-b1-3x3 (h100-2026-11-25h calls 2 and 5)
+    if weight and n >= WIDE_WEIGHT_N:
+        return TC_TILES["128x128"]
     # Note [tile rule] (tile sweep of v7, docs/performance/h100-igemm-tc/v7): TF32's ring holds 3 stages at 128 x 64
     # and 2 at 128 x 128 (48 KB of shared memory; Note [async stages]), and 128 x 64 ran 1.1x-1.3x faster on the
     # TF32 rows where 128 x 128 had been chosen (deeplabv3-aspp-d12, wav2vec2-conv1d, resnet50-1x1-expand); a
@@ -614,7 +629,8 @@ class _Run:
         if self.alg != "igemm-tc":
             return IGEMM_TILE[0], IGEMM_TILE[1], None
         new = not self.v6
-        bm, bn, wm = tc_tile(m, n, self.units, reduction if new else 0, new and self._item == 4 and not weight)
+        bm, bn, wm = tc_tile(m, n, self.units, reduction if new else 0, new and self._item == 4 and not weight,
+                             new and weight)
         extra = {"PC_TENSOR_CORES": 1, "PC_TC_BM": bm, "PC_TC_BN": bn, "PC_TC_WM": wm}
         if self.v4:
             extra["PC_TC_LDSM"] = 0
