@@ -15,7 +15,9 @@
  * with the reduction contiguous, so every mma fragment register is one 32-bit shared load; rows are padded to
  * 12 (half) or 20 (tf32) words, which makes those loads bank-conflict free. Double buffering: the next step's
  * gathers are issued into registers before the current step's mma, then written to the other shared buffer;
- * one barrier per step. The epilogue stores through Op::store (bias, channels-last, split-K workspace alike).
+ * one barrier per step. The vector modes instead copy into a cp.async ring of multi-step stages (Note [async
+ * stages], Note [deep stages], Note [stage rows]). The epilogue stores through Op::store (bias, channels-last,
+ * split-K workspace alike).
  */
 #pragma once
 

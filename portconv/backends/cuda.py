@@ -39,7 +39,7 @@ TC_V5_ENV = "PORTCONV_CUDA_IGEMM_TC_V5"  # "1": the v5 kernels (weight gradient 
 TC_V6_ENV = "PORTCONV_CUDA_IGEMM_TC_V6"  # "1": v6 (TF32 without Note [TF32 ldmatrix] and its ring, v6's tile rule)
 TC_KS_ENV = "PORTCONV_CUDA_IGEMM_TC_KS"  # "1", "2", "4": steps a ring stage (Note [deep stages]; before/after timings)
 TC_KS = ("1", "2", "4")
-TC_KS_DEFAULT = 2  # Note [deep stages] (H100, docs/performance/h100-2026-11-25h): 16-bit 1.04x, TF32 1.02x over 1
+TC_KS_DEFAULT = 2  # Note [stage rows] (H100, docs/performance/h100-2026-11-25h call 4): 1.12x 16-bit, 1.07x TF32 over 1
 THREADS = 256
 # Note [warp finalize] (cuda/reduce.cuh): the finalize sums a value with a warp from WARP_FINALIZE splits and up to
 # WARP_FINALIZE_MAX values (more values fill the GPU with a thread a value, and its loads coalesce)
