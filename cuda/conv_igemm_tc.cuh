@@ -135,55 +135,6 @@ PC_DEVICE void pc_tc_mma_frags(float (&acc)[PC_TC_MT][PC_TC_NT][4], const unsign
 #endif
 PC_DEVICE void pc_tc_round(unsigned &w) { w = pc_tc_word(__uint_as_float(w)); }
 
-/* One k-step (16 of the reduction) of a warp's tile from shared rows A (M-major; Sw: Note [A swizzle], of the tile's
- * rows: A starts at the warp's row wm, which the 16-row warp tiles of Note [narrow tiles] leave odd in 16s) and B. */
-template <bool Sw>
-PC_DEVICE void pc_tc_mma(float (&acc)[PC_TC_MT][PC_TC_NT][4], const unsigned (*A)[PC_TC_LDW],
-                         const unsigned (*B)[PC_TC_LDW], int g, int t, int wm = 0) {
-    const int l = 4 * g + t;
-#pragma unroll
-    for (int kw = 0; kw < PC_TC_KW; kw += 8) {
-        unsigned a[PC_TC_MT][4], b[PC_TC_NT][2];
-        if (Sw || !PC_TC_FRAG_LDSM) {
-#pragma unroll
-            for (int i = 0; i < PC_TC_MT; ++i) { /* Note [A swizzle]: rows 16i + g and 16i + g + 8 */
-                const int t0 = kw + (Sw ? t ^ pc_tc_sw(wm + 16 * i) : t);
-                const int t1 = kw + (Sw ? t ^ pc_tc_sw(wm + 16 * i + 8) : t);
-                a[i][0] = A[16 * i + g][t0], a[i][1] = A[16 * i + g + 8][t1];
-                a[i][2] = A[16 * i + g][t0 + 4], a[i][3] = A[16 * i + g + 8][t1 + 4];
-            }
-        } else { /* Note [ldmatrix], Note [TF32 ldmatrix]: lane l names row l % 16 (A), words 4 (l / 16) of the k block */
-#pragma unroll
-            for (int i = 0; i < PC_TC_MT; ++i) pc_ldsm4(a[i], &A[16 * i + (l & 15)][kw + 4 * (l >> 4)]);
-        }
-#if PC_TC_NT % 2 == 0 && PC_TC_FRAG_LDSM /* two n8 blocks a load: lane l names column l % 8 + 8 (l / 16), words
-                                           * 4 (l / 8 % 2) */
-#pragma unroll
-        for (int j = 0; j < PC_TC_NT; j += 2) {
-            unsigned q[4];
-            pc_ldsm4(q, &B[8 * j + (l & 7) + 8 * (l >> 4)][kw + 4 * ((l >> 3) & 1)]);
-            b[j][0] = q[0], b[j][1] = q[1], b[j + 1][0] = q[2], b[j + 1][1] = q[3];
-        }
-#else
-#pragma unroll
-        for (int j = 0; j < PC_TC_NT; ++j) b[j][0] = B[8 * j + g][kw + t], b[j][1] = B[8 * j + g][kw + t + 4];
-#endif
-        pc_tc_mma_frags(acc, a, b);
-    }
-}
-
-#define PC_TC_VP (PC_BK / PC_TC_VE)          /* vectors per row of a step */
-#define PC_TC_VA (PC_TC_BM * PC_TC_VP / PC_NT + (PC_TC_BM * PC_TC_VP < PC_NT)) /* A vectors per thread */
-#define PC_TC_VBN ((PC_TC_BN * PC_TC_VP + PC_NT - 1) / PC_NT) /* B vectors per thread (the last pass may be partial) */
-#define PC_TC_VEC (PC_TC_BM * PC_TC_VP % PC_NT == 0 && PC_TC_LDSM) /* this tile takes them (not 64-row 16-bit) */
-
-/* The tile's shared memory, one allocation per kernel whichever instantiations of the run function it holds. */
-#define PC_TC_ASYNC (PC_TC_VEC && (PC_DTYPE != 0 || !PC_TC_V6)) /* Note [async stages]: the vector modes */
-struct pc_tc_smem { /* the register double buffer of Modes 0-2; 16-byte aligned rows: Note [vector gathers] */
-    alignas(16) unsigned A[2][PC_TC_BM][PC_TC_LDW];
-    alignas(16) unsigned B[2][PC_TC_BN][PC_TC_LDW];
-};
-
 /* Note [deep stages]: a stage of the cp.async ring (Note [async stages]) holds PC_TC_KS consecutive steps of PC_BK, one
  * barrier and one wait a stage where v7 had one a step (16 of the reduction: 8 mma a warp at 128 x 64 between
  * barriers), and the fragments of the stage's 2-4 k16 (k8) blocks are loaded and multiplied in one unrolled run. The
@@ -208,6 +159,72 @@ struct pc_tc_smem { /* the register double buffer of Modes 0-2; 16-byte aligned 
 #define PC_TC_RCH (PC_TC_RW / 4) /* chunks a ring row */
 PC_DEVICE int pc_tc_rsw(int r) { return PC_TC_RCH >= 8 ? r & 7 : (r / (8 / PC_TC_RCH)) % PC_TC_RCH; }
 PC_DEVICE int pc_tc_rc(int r, int c) { return c ^ pc_tc_rsw(r); } /* where chunk c of row r lives */
+
+/* Note [ldmatrix], Note [TF32 ldmatrix]: the A fragments (16-row tiles i) and the B fragments (two n8 blocks a load)
+ * of k block kw (words kw .. kw + 7) of rows of W words, from row r0; RSw: chunks swizzled as the ring's (Note
+ * [ring swizzle]), else plain. Lane l names A row l % 16, chunk l / 16; B column l % 8 + 8 (l / 16),
+ * chunk l / 8 % 2. */
+template <int W, bool RSw>
+PC_DEVICE void pc_tc_ldsm_a(unsigned (&a)[PC_TC_MT][4], const unsigned (*A)[W], int kw, int l, int r0 = 0) {
+#pragma unroll
+    for (int i = 0; i < PC_TC_MT; ++i) {
+        const int m = r0 + 16 * i + (l & 15), c = kw / 4 + (l >> 4);
+        pc_ldsm4(a[i], &A[m][4 * (RSw ? pc_tc_rc(m, c) : c)]);
+    }
+}
+template <int W, bool RSw>
+PC_DEVICE void pc_tc_ldsm_b(unsigned (&b)[PC_TC_NT][2], const unsigned (*B)[W], int kw, int l, int r0 = 0) {
+#pragma unroll
+    for (int j = 0; j < PC_TC_NT; j += 2) {
+        const int n = r0 + 8 * j + (l & 7) + 8 * (l >> 4), c = kw / 4 + ((l >> 3) & 1);
+        unsigned q[4];
+        pc_ldsm4(q, &B[n][4 * (RSw ? pc_tc_rc(n, c) : c)]);
+        b[j][0] = q[0], b[j][1] = q[1], b[j + 1][0] = q[2], b[j + 1][1] = q[3];
+    }
+}
+
+/* One k-step (16 of the reduction) of a warp's tile from shared rows A (M-major; Sw: Note [A swizzle], of the tile's
+ * rows: A starts at the warp's row wm, which the 16-row warp tiles of Note [narrow tiles] leave odd in 16s) and B. */
+template <bool Sw>
+PC_DEVICE void pc_tc_mma(float (&acc)[PC_TC_MT][PC_TC_NT][4], const unsigned (*A)[PC_TC_LDW],
+                         const unsigned (*B)[PC_TC_LDW], int g, int t, int wm = 0) {
+    const int l = 4 * g + t;
+#pragma unroll
+    for (int kw = 0; kw < PC_TC_KW; kw += 8) {
+        unsigned a[PC_TC_MT][4], b[PC_TC_NT][2];
+        if (Sw || !PC_TC_FRAG_LDSM) {
+#pragma unroll
+            for (int i = 0; i < PC_TC_MT; ++i) { /* Note [A swizzle]: rows 16i + g and 16i + g + 8 */
+                const int t0 = kw + (Sw ? t ^ pc_tc_sw(wm + 16 * i) : t);
+                const int t1 = kw + (Sw ? t ^ pc_tc_sw(wm + 16 * i + 8) : t);
+                a[i][0] = A[16 * i + g][t0], a[i][1] = A[16 * i + g + 8][t1];
+                a[i][2] = A[16 * i + g][t0 + 4], a[i][3] = A[16 * i + g + 8][t1 + 4];
+            }
+        } else {
+            pc_tc_ldsm_a<PC_TC_LDW, false>(a, A, kw, l);
+        }
+#if PC_TC_NT % 2 == 0 && PC_TC_FRAG_LDSM
+        pc_tc_ldsm_b<PC_TC_LDW, false>(b, B, kw, l);
+#else
+#pragma unroll
+        for (int j = 0; j < PC_TC_NT; ++j) b[j][0] = B[8 * j + g][kw + t], b[j][1] = B[8 * j + g][kw + t + 4];
+#endif
+        pc_tc_mma_frags(acc, a, b);
+    }
+}
+
+#define PC_TC_VP (PC_BK / PC_TC_VE)          /* vectors per row of a step */
+#define PC_TC_VA (PC_TC_BM * PC_TC_VP / PC_NT + (PC_TC_BM * PC_TC_VP < PC_NT)) /* A vectors per thread */
+#define PC_TC_VBN ((PC_TC_BN * PC_TC_VP + PC_NT - 1) / PC_NT) /* B vectors per thread (the last pass may be partial) */
+#define PC_TC_VEC (PC_TC_BM * PC_TC_VP % PC_NT == 0 && PC_TC_LDSM) /* this tile takes them (not 64-row 16-bit) */
+
+/* The tile's shared memory, one allocation per kernel whichever instantiations of the run function it holds. */
+#define PC_TC_ASYNC (PC_TC_VEC && (PC_DTYPE != 0 || !PC_TC_V6)) /* Note [async stages]: the vector modes */
+struct pc_tc_smem { /* the register double buffer of Modes 0-2; 16-byte aligned rows: Note [vector gathers] */
+    alignas(16) unsigned A[2][PC_TC_BM][PC_TC_LDW];
+    alignas(16) unsigned B[2][PC_TC_BN][PC_TC_LDW];
+};
+
 #if PC_TC_ASYNC
 struct pc_tc_ring {
     alignas(16) unsigned A[PC_TC_RS][PC_TC_BM][PC_TC_RW];
@@ -378,8 +395,32 @@ PC_DEVICE void pc_tc_issue(const Op &op, const pc_cursor<Op, true, PC_TC_WA> &cu
     }
 }
 
-/* Element-wise B values rb of one step into sub-step s of ring stage B (Mode 3). */
-PC_DEVICE void pc_tc_stage_ring_b(unsigned (*B)[PC_TC_RW], const pc_tc_e *rb, int rr, int lq, int s) {
+template <class Op>
+PC_DEVICE void pc_tc_stage_on(const Op &op, pc_cursor<Op, true, PC_TC_WA> &cur, const typename Op::Row *rows,
+                              pc_idx &rv) {
+#pragma unroll
+    for (int s = 0; s < PC_TC_RK; ++s) cur.next(op, rows);
+    rv += PC_TC_RK * PC_BK;
+}
+/* Element-wise B (Mode 3) of the next step into registers rb, bcur moved to it; a step past the reduction's end
+ * (qb: the steps fetched so far) is zeros. */
+template <class Op>
+PC_DEVICE void pc_tc_fetch_ring_b(const Op &op, pc_cursor<Op, true, 0> &bcur, const typename Op::Row *rows,
+                                  const typename Op::Col *cols, pc_tc_e (&rb)[PC_TC_BJ], pc_idx &qb, pc_idx steps) {
+    const bool live = qb < steps;
+    if (live) {
+        bcur.next(op, rows);
+        bcur.template fetch<pc_tc_e, PC_TC_BJ>(op, rows, cols, rb, rb);
+    } else {
+#pragma unroll
+        for (int j = 0; j < PC_TC_BJ; ++j) rb[j] = pc_tc_e(0);
+    }
+    qb += live;
+}
+
+/* ... and from registers into ring stage B: step s of the stage into elements 16 s ... of the rows (Note [ring
+ * swizzle]). */
+PC_DEVICE void pc_tc_stage_ring_b(unsigned (*B)[PC_TC_RW], const pc_tc_e (&rb)[PC_TC_BJ], int rr, int lq, int s) {
 #pragma unroll
     for (int j = 0; j < PC_TC_BJ; ++j) {
         const int n = lq + PC_LQ * j;
@@ -396,18 +437,8 @@ PC_DEVICE void pc_tc_mma_ring(float (&acc)[PC_TC_MT][PC_TC_NT][4], const unsigne
 #pragma unroll
     for (int kw = 0; kw < PC_TC_RW; kw += 8) {
         unsigned a[PC_TC_MT][4], b[PC_TC_NT][2];
-#pragma unroll
-        for (int i = 0; i < PC_TC_MT; ++i) { /* Note [ldmatrix], Note [TF32 ldmatrix]: row l % 16, chunk l / 16 */
-            const int m = wm + 16 * i + (l & 15);
-            pc_ldsm4(a[i], &A[m][4 * pc_tc_rc(m, kw / 4 + (l >> 4))]);
-        }
-#pragma unroll
-        for (int j = 0; j < PC_TC_NT; j += 2) { /* column l % 8 + 8 (l / 16), chunk l / 8 % 2 */
-            const int n = wn + 8 * j + (l & 7) + 8 * (l >> 4);
-            unsigned q[4];
-            pc_ldsm4(q, &B[n][4 * pc_tc_rc(n, kw / 4 + ((l >> 3) & 1))]);
-            b[j][0] = q[0], b[j][1] = q[1], b[j + 1][0] = q[2], b[j + 1][1] = q[3];
-        }
+        pc_tc_ldsm_a<PC_TC_RW, true>(a, A, kw, l, wm);
+        pc_tc_ldsm_b<PC_TC_RW, true>(b, B, kw, l, wn);
         if (PC_DTYPE == 0) {
 #pragma unroll
             for (int i = 0; i < PC_TC_MT; ++i) pc_tc_round(a[i][0]), pc_tc_round(a[i][1]), pc_tc_round(a[i][2]),
@@ -538,22 +569,18 @@ PC_DEVICE void pc_igemm_tc_async(const Op &op, pc_idx M, pc_idx NC, pc_idx rbeg,
     pc_idx rv = rbeg + (tid % PC_TC_WP) * PC_TC_VE;           /* the thread's vectors' reduction index */
     pc_cursor<Op, true, PC_TC_WA> cur(op, rows, rv, rend);    /* ... S - 1 stages ahead (Note [stage rows]) */
     pc_cursor<Op, true, 0> bcur(op, rows, rbeg + rr, rend);   /* element-wise B, one stage ahead */
-    pc_tc_e rb[VB ? 1 : KS][VB ? 1 : PC_TC_BJ];
+    pc_tc_e rb[KS][PC_TC_BJ];
     const pc_idx steps = (rend - rbeg) / PC_BK; /* whole steps: the vector modes need channel counts in 16s */
     const pc_idx stages = (steps + KS - 1) / KS;
 #pragma unroll
     for (int k = 0; k < S - 1; ++k) {
         if (k < stages) {
-            if (k) {
-#pragma unroll
-                for (int s = 0; s < KS; ++s) cur.next(op, rows);
-                rv += KS * PC_BK;
-            }
+            if (k) pc_tc_stage_on(op, cur, rows, rv);
             pc_tc_issue<VB>(op, cur, rv < rend, rows, cols, R.A[k], R.B[k], tid);
         }
         pc_cp_async_commit();
     }
-    pc_idx qb = 0; /* steps bcur has been fetched for */
+    pc_idx qb = 0; /* steps bcur has been fetched for (the first stage: bcur starts at its first step) */
     if (!VB && stages > 0) {
 #pragma unroll
         for (int s = 0; s < KS; ++s) {
@@ -573,26 +600,14 @@ PC_DEVICE void pc_igemm_tc_async(const Op &op, pc_idx M, pc_idx NC, pc_idx rbeg,
         pc_cp_async_wait<S - 2>(); /* this thread's copies of stage k are done */
         PC_BARRIER();        /* ... everyone's; and stage k - 1's buffers are free */
         if (k + S - 1 < stages) {
-#pragma unroll
-            for (int s = 0; s < KS; ++s) cur.next(op, rows);
-            rv += KS * PC_BK;
+            pc_tc_stage_on(op, cur, rows, rv);
             pc_tc_issue<VB>(op, cur, rv < rend, rows, cols, R.A[(k + S - 1) % S], R.B[(k + S - 1) % S], tid);
         }
         pc_cp_async_commit();
         const bool bnext = !VB && k + 1 < stages;
         if (bnext) {
 #pragma unroll
-            for (int s = 0; s < KS; ++s) {
-                const bool live = qb < steps;
-                if (live) {
-                    bcur.next(op, rows);
-                    bcur.template fetch<pc_tc_e, PC_TC_BJ>(op, rows, cols, rb[s], rb[s]);
-                } else {
-#pragma unroll
-                    for (int j = 0; j < PC_TC_BJ; ++j) rb[s][j] = pc_tc_e(0);
-                }
-                qb += live;
-            }
+            for (int s = 0; s < KS; ++s) pc_tc_fetch_ring_b(op, bcur, rows, cols, rb[s], qb, steps);
         }
         pc_tc_mma_ring(acc, R.A[buf], R.B[buf], wm, wn, g, t);
         if (bnext) {

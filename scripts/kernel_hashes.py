@@ -2,7 +2,8 @@
 prints a hash of each kernel's .text section, so a refactor can be shown to leave the measured kernels byte-identical
 (or be seen to change them), as the H100 timed them.
 
-    python scripts/kernel_hashes.py depthwise.cu REV_OR_WORKTREE [REV2] [-DNAME=VALUE ...] [--arch sm_90]
+    python scripts/kernel_hashes.py depthwise.cu REV_OR_WORKTREE [REV2] [-DNAME=VALUE ...] [--arch=sm_90]
+        [--dtypes=0,2,3]   (PC_DTYPE values to build; the tensor-core tile takes 0, 2, 3)
 
 With two sources it prints the kernels whose code differs (both built with the same -D defines). Needs nvcc
 (CUDA 13's, as CI has); the hashes are nvcc's, the runtime compiles with NVRTC (scripts/nvrtc_regs.py).
@@ -33,7 +34,8 @@ def text_sections(cubin: bytes) -> dict[str, str]:
     return out
 
 
-def hashes(entry: str, source: str, defines: list[str], arch: str) -> dict[tuple[int, str], str]:
+def hashes(entry: str, source: str, defines: list[str], arch: str,
+           dtypes: tuple[int, ...] = (0, 1, 2, 3)) -> dict[tuple[int, str], str]:
     """{(PC_DTYPE, kernel): hash} of ``entry`` from git revision ``source`` or the working tree ("WORKTREE")."""
     nvcc = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
     nvcc = nvcc if os.path.exists(nvcc) else "nvcc"
@@ -44,7 +46,7 @@ def hashes(entry: str, source: str, defines: list[str], arch: str) -> dict[tuple
             subprocess.run(f"git -C {ROOT} archive {source} cuda | tar -x -C {tmp}", shell=True, check=True)
             cuda = os.path.join(tmp, "cuda")
         out = {}
-        for dt in range(4):
+        for dt in dtypes:
             cubin = os.path.join(tmp, f"k{dt}.cubin")
             subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-std=c++17", f"-DPC_DTYPE={dt}", "-DPC_INDEX64=0",
                             *defines, os.path.join(cuda, entry), "-o", cubin], check=True, capture_output=True)
@@ -56,9 +58,11 @@ def hashes(entry: str, source: str, defines: list[str], arch: str) -> dict[tuple
 if __name__ == "__main__":
     args = sys.argv[1:]
     arch = next((a.split("=", 1)[1] for a in args if a.startswith("--arch=")), "sm_90")
+    dtypes = next((tuple(map(int, a.split("=", 1)[1].split(","))) for a in args if a.startswith("--dtypes=")),
+                  (0, 1, 2, 3))
     defines = [a for a in args if a.startswith("-D")]
-    entry, *sources = [a for a in args if not a.startswith(("-D", "--arch="))]
-    got = [hashes(entry, s, defines, arch) for s in sources]
+    entry, *sources = [a for a in args if not a.startswith(("-D", "--arch=", "--dtypes="))]
+    got = [hashes(entry, s, defines, arch, dtypes) for s in sources]
     if len(got) == 1:
         print("\n".join(f"{dt} {k} {v}" for (dt, k), v in sorted(got[0].items())))
     else:

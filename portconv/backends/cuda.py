@@ -589,7 +589,8 @@ class _Run:
         self.v4 = os.environ.get(TC_V4_ENV) == "1"  # read when the launches are recorded (Note [replayed launches])
         self.v5 = self.v4 or os.environ.get(TC_V5_ENV) == "1"
         self.v6 = self.v5 or os.environ.get(TC_V6_ENV) == "1"
-        self.ks = os.environ.get(TC_KS_ENV) if os.environ.get(TC_KS_ENV) in TC_KS else None
+        ks = os.environ.get(TC_KS_ENV)
+        self.ks = ks if ks in TC_KS else None
         self.flags = FLAG_CL if plan.memory_format != "contiguous" else 0
         self.dw = depthwise_kernels(self.view, bool(self.flags)) if self.alg == "depthwise" else {}
         self.rows_v = dw_v(self.view, pr.dtype, bool(self.flags), self.dw) if self.dw else DW_V
