@@ -395,6 +395,7 @@ PC_DEVICE void pc_tc_issue(const Op &op, const pc_cursor<Op, true, PC_TC_WA> &cu
     }
 }
 
+/* The ring cursor's vectors one stage on: PC_TC_RK steps; rv: their reduction index (Note [stage rows]). */
 template <class Op>
 PC_DEVICE void pc_tc_stage_on(const Op &op, pc_cursor<Op, true, PC_TC_WA> &cur, const typename Op::Row *rows,
                               pc_idx &rv) {
@@ -402,6 +403,7 @@ PC_DEVICE void pc_tc_stage_on(const Op &op, pc_cursor<Op, true, PC_TC_WA> &cur, 
     for (int s = 0; s < PC_TC_RK; ++s) cur.next(op, rows);
     rv += PC_TC_RK * PC_BK;
 }
+
 /* Element-wise B (Mode 3) of the next step into registers rb, bcur moved to it; a step past the reduction's end
  * (qb: the steps fetched so far) is zeros. */
 template <class Op>
