@@ -29,6 +29,7 @@ struct pc_conv_args {
 #define PC_FLAG_VA 2 /* Note [vector gathers]: A may be read 16 bytes at a time (host-checked strides, alignment) */
 #define PC_FLAG_VB 4 /* ... and B too */
 #define PC_FLAG_WARP 8 /* Note [warp finalize] (reduce.cuh): portconv_split_finalize sums a value with a warp */
+#define PC_FLAG_COLTAP 16 /* Note [narrow backward-data] (conv_igemm.cuh): portconv_col2im's columns are (tap, c) */
 
 /* Decompose a flat index over (N, CH, E0, E1, E2), channel innermost when cl, spatial innermost otherwise. */
 PC_DEVICE void pc_unflatten5(pc_idx e, pc_idx CH, pc_idx E0, pc_idx E1, pc_idx E2, bool cl, pc_idx &n, pc_idx &ch,

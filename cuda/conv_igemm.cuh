@@ -191,6 +191,7 @@ struct pc_cursor<Op, true, AJ> {
 struct pc_igemm_fwd_op : pc_igemm_base {
     const pc_t *x, *w, *b;
     pc_t *y;
+    pc_acc_t *cbuf; /* Note [narrow backward-data]: results go to this column buffer (accumulator type), not y */
     pc_idx bs;
     struct Row { pc_idx xo, i0, i1, i2; bool ok; };
     struct Col { pc_idx wo; bool ok; };
@@ -198,6 +199,7 @@ struct pc_igemm_fwd_op : pc_igemm_base {
     static constexpr bool vector_b = true; /* Note [vector gathers]: B (W) is contiguous in C when channels-last */
     PC_DEVICE pc_igemm_fwd_op(const pc_conv_args &a, pc_idx grp) : pc_igemm_base(a, grp) {
         x = (const pc_t *)a.x, w = (const pc_t *)a.w, b = (const pc_t *)a.b, y = (pc_t *)a.y, bs = (pc_idx)a.bs;
+        cbuf = (pc_acc_t *)a.ws;
     }
     /* Note [tap-major steps]: channels C/G, tap digits (r0, r1, r2) */
     PC_DEVICE pc_idx fast_ch() const { return Cg; }
@@ -262,6 +264,10 @@ struct pc_igemm_fwd_op : pc_igemm_base {
     }
     PC_DEVICE pc_idx out_col(pc_idx k) const { return (g * Kg + k) * ys1; }
     PC_DEVICE void put(pc_idx orow, pc_idx ocol, pc_idx k, pc_acc_t v) const {
+        if (cbuf) {
+            cbuf[orow + ocol] = v;
+            return;
+        }
         if (b) v += pc_ld(b, (g * Kg + k) * bs);
         pc_st(y, orow + ocol, v);
     }
@@ -692,5 +698,67 @@ PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_stage_transpose(const pc_conv_args
     for (int k = 0; k < 32; k += 8) {
         const long long q = q0 + ty + k, r = r0 + tx;
         if (q < Q && r < R) dst[(b * Q + q) * R + r] = tile[tx][ty + k];
+    }
+}
+
+/* Note [narrow backward-data]: backward-data's GEMM has dX's C/G channels as its columns, and with few of them (C_in
+ * = 1 or 3: speech front ends, RGB stems) the tensor-core tiles spend 75%-94% of every mma on padding columns and
+ * the element gathers of dY cost per row what a full tile would (v8, deepbench-speech-c1: 2.9 ms where cuDNN took
+ * 0.69). For one group, C <= NARROW_C and every axis of stride 1 or dilation 1 (cuda.py's narrow_col), the host runs
+ * it in two steps instead (Caffe's col2im backward):
+ *   1. col[n, j, o] = sum over k of dY[n, k, o] W[k, j], j = (c, tap) in W's memory order: a 1 x 1 forward
+ *      (portconv_igemm_fwd) of dY by W read as a (C taps) x K matrix, whose results go to col, dense
+ *      [N][C taps][Y0 Y1 Y2] in the accumulator type (the fwd op's cbuf; a workspace), on the usual tiles;
+ *   2. dX[n, c, i] = sum over taps r with i = o S - P + r D of col[n, (c, r), o] (+ bias): this kernel, a thread an
+ *      element of dX (consecutive threads along its last axis), summed in the accumulator type. On an axis with
+ *      dilation 1 the taps that reach i are r = (i + P) mod S + S k, o stepping down by 1; with stride 1, r = k, o
+ *      stepping down by D (pc_col_axis): no division inside the loops. PC_FLAG_COLTAP: j = tap * C + c (W
+ *      channels-last), else j = c * taps + tap.
+ * Every dX element is written (0 + bias where no tap reaches it); col is read once, written once. */
+struct pc_col_axis { /* the taps of one axis that reach position i: r = r0 + dr k, o = o0 - dO k, k < n */
+    pc_idx r, o, dr, dO, n;
+    PC_DEVICE pc_col_axis(pc_idx i, pc_idx R, pc_idx S, pc_idx P, pc_idx D, pc_idx Y) {
+        const pc_idx t = i + P;
+        dr = D == 1 ? S : 1, dO = D == 1 ? 1 : D;
+        r = D == 1 ? t % S : 0;
+        o = (t - r * D) / S;
+        if (o >= Y) { /* the first taps land past the end of Y */
+            const pc_idx k = (o - Y + dO) / dO;
+            r += k * dr, o -= k * dO;
+        }
+        const pc_idx nr = (R - 1 - r) / dr, no = o / dO;
+        n = r < R && o >= 0 ? (nr < no ? nr : no) + 1 : 0;
+    }
+};
+
+PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_col2im(const pc_conv_args a) {
+    const pc_acc_t *PC_RESTRICT col = (const pc_acc_t *)a.ws;
+    const pc_t *b = (const pc_t *)a.b;
+    pc_t *dx = (pc_t *)a.x;
+    const pc_idx C = (pc_idx)a.C, X0 = (pc_idx)a.X[0], X1 = (pc_idx)a.X[1], X2 = (pc_idx)a.X[2];
+    const pc_idx R1 = (pc_idx)a.R[1], R2 = (pc_idx)a.R[2], taps = (pc_idx)a.R[0] * R1 * R2;
+    const pc_idx ys1 = (pc_idx)a.ys[1], ys2 = (pc_idx)a.ys[2], ys3 = (pc_idx)a.ys[3], ys4 = (pc_idx)a.ys[4];
+    const bool tapmajor = (a.flags & PC_FLAG_COLTAP) != 0;
+    const pc_idx js = (tapmajor ? C : 1) * ys1; /* col offset of one tap on */
+    const pc_idx total = (pc_idx)a.N * C * X0 * X1 * X2;
+    for (pc_idx e = pc_global_id(); e < total; e += pc_grid_stride()) {
+        pc_idx n, c, i0, i1, i2;
+        pc_unflatten5(e, C, X0, X1, X2, false, n, c, i0, i1, i2);
+        const pc_col_axis a0(i0, (pc_idx)a.R[0], (pc_idx)a.S[0], (pc_idx)a.P[0], (pc_idx)a.DL[0], (pc_idx)a.Y[0]);
+        const pc_col_axis a1(i1, R1, (pc_idx)a.S[1], (pc_idx)a.P[1], (pc_idx)a.DL[1], (pc_idx)a.Y[1]);
+        const pc_col_axis a2(i2, R2, (pc_idx)a.S[2], (pc_idx)a.P[2], (pc_idx)a.DL[2], (pc_idx)a.Y[2]);
+        const pc_idx base = n * (pc_idx)a.ys[0] + (tapmajor ? c : c * taps) * ys1, step2 = a2.dr * js - a2.dO * ys4;
+        pc_acc_t acc = b ? pc_ld(b, c * (pc_idx)a.bs) : (pc_acc_t)0;
+        for (pc_idx k0 = 0; k0 < a0.n; ++k0) {
+            const pc_idx r0 = a0.r + a0.dr * k0, o0 = a0.o - a0.dO * k0;
+            for (pc_idx k1 = 0; k1 < a1.n; ++k1) {
+                const pc_idx r1 = a1.r + a1.dr * k1, o1 = a1.o - a1.dO * k1;
+                pc_idx off = base + ((r0 * R1 + r1) * R2 + a2.r) * js + o0 * ys2 + o1 * ys3 + a2.o * ys4;
+                for (pc_idx k2 = 0; k2 < a2.n; ++k2, off += step2) acc += col[off];
+            }
+        }
+        pc_st(dx, n * (pc_idx)a.xs[0] + c * (pc_idx)a.xs[1] + i0 * (pc_idx)a.xs[2] + i1 * (pc_idx)a.xs[3] +
+                      i2 * (pc_idx)a.xs[4],
+              acc);
     }
 }

@@ -693,11 +693,19 @@ PC_DEVICE void pc_igemm_tc_run(const Op &op, pc_idx M, pc_idx NC, pc_idx rbeg, p
  * This tile reads them as they lie: a step's 16 reduction rows of 16-byte vectors of VE channels (k of dY; c of X at
  * one tap: its columns run channel-innermost, op.tn), stored reduction-major in shared memory and read into the mma
  * fragments transposed, by ldmatrix.trans for the 16-bit types, by 32-bit loads for TF32 (rows padded so both are
- * conflict free). Load thread tid takes reduction row tid % 16 of every step, its position (n, o) stepped by 16
- * without division, and vectors tid / 16 + 16 i of the row. The 16-bit types copy with cp.async into a ring of
- * PC_TC_TS stages (Note [async stages]); TF32 goes through registers, rounded when stored. The host sets PC_FLAG_VA
- * (dY) and PC_FLAG_VB (X) only when K/G and C/G are multiples of VE and the tensors' strides and addresses keep
- * every vector aligned (cuda.py's _Run._tn and _Run._vector_flags). */
+ * conflict free). Load thread tid takes reduction row tid / 16 of every step, its position (n, o) stepped by 16
+ * without division, and vectors tid % 16 + 16 i of the row (Note [TN copy order]). The 16-bit types copy with
+ * cp.async into a ring of PC_TC_TS stages (Note [async stages]); TF32 goes through registers, rounded when stored.
+ * The host sets PC_FLAG_VA (dY) and PC_FLAG_VB (X) only when K/G and C/G are multiples of VE and the tensors' strides
+ * and addresses keep every vector aligned (cuda.py's _Run._tn and _Run._vector_flags). */
+/* Note [TN copy order]: a warp's load threads are 2 reduction rows x 16 vectors (row tid / 16, vector tid % 16), so a
+ * warp's copy is 2 runs of up to 256 contiguous bytes (dY's k, X's c at one position) in 2-4 cache lines. v8 took row
+ * tid % 16 and vector tid / 16: 16 positions x 32 bytes, 16 lines a copy instruction, and the -cl weight gradient
+ * of resnet50-l1-3x3-bf16 ran L1/TEX-bound (93%, h100-2026-11-25h). PC_TC_V8 = 1: v8's order, for before / after
+ * measurements. The shared rows and the mma do not change, only which thread copies which vector. */
+#ifndef PC_TC_V8
+#define PC_TC_V8 0
+#endif
 #define PC_TC_TVA (PC_TC_BM / PC_TC_VE)   /* vectors per reduction row */
 #define PC_TC_TVB (PC_TC_BN / PC_TC_VE)
 #define PC_TC_TAV ((PC_TC_TVA + 15) / 16) /* ... per load thread */
@@ -822,7 +830,8 @@ template <class Op>
 PC_DEVICE void pc_igemm_tc_tn(const Op &op, pc_idx M, pc_idx NC, pc_idx rbeg, pc_idx rend) {
     auto &sm = pc_tc_shared_any().tn;
     const pc_tc_thread th;
-    const int rr = th.rr, lq = th.lq, g = th.g, t = th.t, wm = th.wm, wn = th.wn;
+    const int rr = PC_TC_V8 ? th.rr : th.tid / 16, lq = PC_TC_V8 ? th.lq : th.tid % 16; /* Note [TN copy order] */
+    const int g = th.g, t = th.t, wm = th.wm, wn = th.wn;
     typename Op::Row rows[PC_TC_TAV];
     typename Op::Col cols[PC_TC_TBV];
 #pragma unroll

@@ -244,6 +244,7 @@ _ENV_NAMES = ("PORTCONV_BACKEND", "PORTCONV_DISABLE", "PORTCONV_OPENCL_DEVICE", 
               # [replayed launches]): part of the key, so that changing one mid-process makes a new plan
               "PORTCONV_CUDA_IGEMM_TC_TILE", "PORTCONV_CUDA_IGEMM_TC_V4",
               "PORTCONV_CUDA_IGEMM_TC_V5", "PORTCONV_CUDA_IGEMM_TC_V6", "PORTCONV_CUDA_IGEMM_TC_KS",
+              "PORTCONV_CUDA_IGEMM_TC_V8", "PORTCONV_CUDA_IGEMM_NARROW",
               "PORTCONV_CUDA_DEPTHWISE",
               "PORTCONV_CUDA_DEPTHWISE_TILE")
 try:  # CPython's os.environ keeps the raw mapping (updated in place by os.environ[...] = ..., monkeypatch.setenv)

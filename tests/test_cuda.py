@@ -122,6 +122,25 @@ def test_ring_steps():
     assert cuda.ring_steps(64, "4") == 4 and cuda.ring_steps(96, "4") == 2 and cuda.ring_steps(64, "1") == 1
 
 
+def test_narrow_col_rule():
+    """Note [narrow backward-data]: the column GEMM and col2im take backward-data for one group, at most NARROW_C
+    channels of dX, 2+ taps, at least NARROW_K of dY, a dense weight and a column buffer of at most NARROW_COL_MAX."""
+    def view(n=32, c=1, k=32, g=1, r=(1, 5, 20), y=(1, 79, 341)):
+        return cuda.ConvView(n, c, k, g, (1, 161, 700), y, r, (1, 2, 2), (0, 0, 0), (1, 1, 1))
+
+    def ok(v, w_strides=None):
+        shape = (v.K, v.C // v.G) + v.R[1:]
+        return cuda.narrow_col(v, shape, w_strides or dense_strides(shape))
+
+    assert ok(view()) and ok(view(c=3, k=64, r=(1, 7, 7), y=(1, 112, 112)))  # deepbench-speech-c1, resnet50-stem
+    shape = (64, 3, 7, 7)
+    assert cuda.narrow_col(view(c=3, k=64, r=(1, 7, 7)), shape, dense_strides(shape, "channels_last"))
+    assert not cuda.narrow_col(view(c=3, k=64, r=(1, 7, 7)), shape, (3 * 7 * 8, 7 * 8, 8, 1))  # a strided W
+    assert not ok(view(c=5)) and not ok(view(c=4, g=2)) and not ok(view(k=8)) and not ok(view(r=(1, 1, 1)))
+    assert not ok(view(n=4096))  # 4096 x 26939 positions x 100 columns: over NARROW_COL_MAX
+    assert not ok(dataclasses.replace(view(), DL=(1, 2, 1)))  # stride 2 and dilation 2 on one axis
+
+
 def test_rocm_and_cpu_tensors_are_not_the_cuda_backends(monkeypatch):
     be = cuda.CudaBackend()
     cpu = Problem(ConvParams.make(2), dataclasses.replace(_spec((1, 2, 5, 5)), device_type="cpu", device_index=None),
@@ -357,7 +376,9 @@ def test_tensor_core_igemm(gpu, case, dtype):
             torch.cuda.synchronize(gpu)
         names = {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
         phase = "_phase" if all(s == 1 or d == 1 for s, d in zip(p.stride, p.dilation)) else ""  # [bwd-data phases]
-        assert {"portconv_igemm_fwd", f"portconv_igemm_bwd_data{phase}", "portconv_igemm_bwd_weight"} <= names, names
+        narrow = cuda.narrow_col(cuda.ConvView.of(problem), w.shape, w.stride())  # Note [narrow backward-data]
+        bwd = "portconv_col2im" if narrow else f"portconv_igemm_bwd_data{phase}"
+        assert {"portconv_igemm_fwd", bwd, "portconv_igemm_bwd_weight"} <= names, names
         assert not [n for n in names if re.search(r"cudnn|xmma|sm\d+_", n, re.I)], sorted(names)
     finally:
         if old is not None:
@@ -411,6 +432,39 @@ def test_tensor_core_every_tile(gpu, tile, dtype, monkeypatch, tf32_conv):
         for name, g_, r in zip(("output", "grad_input", "grad_weight", "grad_bias"), got, ref):
             err = ((g_.double().cpu() - r).norm() / r.norm().clamp_min(1e-30)).item()
             assert err < TC_TOL[dtype], f"{tile} case {case} {dtype} {name}: relative error {err:.3g}"
+
+
+NARROW_TC = [  # Note [narrow backward-data] on the tensor-core tiles
+    ((4, 1, 41, 70), (32, 1, 5, 20), dict(stride=2), "contig"),  # C_in = 1 (deepbench-speech-c1's shape, smaller)
+    ((2, 3, 30, 30), (64, 3, 7, 7), dict(stride=2, padding=3), "chlast"),  # an RGB stem; W channels-last too
+    ((2, 32, 9, 9), (32, 3, 4, 4), dict(stride=2, padding=1, transposed=True), "contig"),  # a transposed forward to 3
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("case", range(len(NARROW_TC)))
+def test_tensor_core_narrow_backward_data(gpu, case, dtype, monkeypatch, tf32_conv):
+    """Note [narrow backward-data]: few dX channels run grad_input (a transposed problem's forward, with its bias) as
+    the 1 x 1 column GEMM on tensor cores and portconv_col2im; the plan says so, every direction matches float64
+    with outputs poisoned, and the caller's tensors are unchanged."""
+    monkeypatch.setenv("PORTCONV_POISON", "1")
+    launches = spy_launches(monkeypatch)
+    xs, ws, kw, layout = NARROW_TC[case]
+    x, w, b, p = _make(xs, ws, kw, layout, dtype, gpu)
+    if layout == "chlast":
+        w = _channels_last(w)
+    clear_cache()
+    plan = portconv.plan(x, w, b, **kw, backend="cuda")
+    assert plan.algorithm == "igemm-tc" and "col2im" in plan.reason, plan.reason
+    go = torch.randn(tuple(plan.problem.output_shape), device=gpu).to(dtype)
+    keep = [t.clone() for t in (x, w, b, go)]
+    ref = reference(x, w, b, p, go)
+    be = cuda.CudaBackend()
+    _tc_check((be.forward(plan, x, w, b), *be.backward(plan, go, x, w, (True, True, True))), ref, dtype,
+              f"narrow case {case}")
+    assert all(torch.equal(a, k) for a, k in zip((x, w, b, go), keep))
+    names = [n for n, _, _ in launches]
+    assert names.count("portconv_col2im") == 1 and not [n for n in names if "bwd_data" in n], names
 
 
 def _spy_vector_flags(monkeypatch) -> list:
@@ -558,9 +612,10 @@ TN_CASES = [  # Note [TN tiles]: weight gradients whose dY and X channels come i
 @pytest.mark.parametrize("case", range(len(TN_CASES)))
 def test_tensor_core_tn_weight_gradient(gpu, case, dtype, layout, monkeypatch, tf32_conv):
     """Note [TN tiles]: the weight gradient of a channels-last problem (or a dense NCHW 16-bit one, staged:
-    stage_pays overruled) launches with FLAG_VA | FLAG_VB and matches float64; with PORTCONV_CUDA_IGEMM_TC_V5=1 (the
-    v5 element gathers), from a misaligned channels-last X (no vectors) and for TF32 NCHW (never staged) it launches
-    without them and matches too."""
+    stage_pays overruled) launches with FLAG_VA | FLAG_VB and matches float64, in the copy order of Note [TN copy
+    order] and in v8's (PORTCONV_CUDA_IGEMM_TC_V8=1); with PORTCONV_CUDA_IGEMM_TC_V5=1 (the v5 element gathers), from
+    a misaligned channels-last X (no vectors) and for TF32 NCHW (never staged) it launches without them and matches
+    too."""
     xs, ws, kw = TN_CASES[case]
     if layout == "chlast" and len(xs) == 3:
         pytest.skip("1-D tensors have no channels-last memory format; the contig run stages this case")
@@ -568,8 +623,11 @@ def test_tensor_core_tn_weight_gradient(gpu, case, dtype, layout, monkeypatch, t
     launches = spy_launches(monkeypatch)
     x, w, b, p = _make(xs, ws, kw, layout, dtype, gpu)
     vec = cuda.FLAG_VA | cuda.FLAG_VB
-    for variant in ("tn", "v5", "misaligned"):
+    for variant in ("tn", "v8", "v5", "misaligned"):
+        if variant == "v8":
+            monkeypatch.setenv(cuda.TC_V8_ENV, "1")
         if variant == "v5":
+            monkeypatch.delenv(cuda.TC_V8_ENV)
             monkeypatch.setenv(cuda.TC_V5_ENV, "1")
         if variant == "misaligned":
             monkeypatch.delenv(cuda.TC_V5_ENV)
@@ -592,7 +650,7 @@ def test_tensor_core_tn_weight_gradient(gpu, case, dtype, layout, monkeypatch, t
         # a staged copy is aligned: vectors again; TF32 never stages for the weight gradient (Note [channels-last
         # staging]), so its NCHW problems keep the element gathers
         stages = layout == "contig" and dtype != torch.float32
-        expect = (variant == "tn" and (layout == "chlast" or stages)) or (variant == "misaligned" and stages)
+        expect = (variant in ("tn", "v8") and (layout == "chlast" or stages)) or (variant == "misaligned" and stages)
         assert (flags & vec == vec) == expect, (variant, launches)
     if case == 1:  # the long reduction was split
         assert [g for n, _, g in launches if n == "portconv_igemm_bwd_weight"][0][2] > 1, launches

@@ -75,12 +75,15 @@ def test_nvcc_builds_every_kernel(nvcc):
     ks = [k for k in map(int, cuda.TC_KS) if k != 2]
     jobs += [("igemm.cu", "sm_90", {"PC_DTYPE": dt, "PC_INDEX64": 0, "PC_TC_KS": k, **tc[i]}) for k in ks
              for dt in (0, 2) for i in (0, 1)]
+    # Note [TN copy order]: v8's order (PC_TC_V8), kept for before / after timings
+    jobs += [("igemm.cu", "sm_90", {"PC_DTYPE": dt, "PC_INDEX64": 0, "PC_TC_V8": 1, **tc[i]}) for dt in (0, 2)
+             for i in (0, 1)]
     with tempfile.TemporaryDirectory() as tmp, concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 2) as ex:
         results = list(ex.map(lambda j: _compile(nvcc, *j, tmp), jobs))
     failures = [f"{cmd}\n{err}" for cmd, rc, err in results if rc != 0 or "warning" in err.lower()]
     assert not failures, "\n\n".join(failures)
     assert len(results) == (len(ENTRIES) * (len(ARCHS) * 4 + 1) + 3 * (len(tc) + len(ARCHS) - 1) + 1 + len(tc)
-                            + 4 * len(ks))
+                            + 4 * len(ks) + 4)
 
 
 def test_nvrtc_keeps_the_hot_depthwise_kernels_at_two_blocks_an_sm():
@@ -338,6 +341,44 @@ def test_depthwise_per_element_kernels_on_cpu(emu_backend, case, monkeypatch):
     plan = Plan(problem, BackendId.CUDA, "depthwise", choice.memory_format, choice.reason, _DEVICE)
     got = (emu_backend.forward(plan, x, w, b), *emu_backend.backward(plan, go, x, w, (True, True, True)))
     _check(got, ref, torch.float64, "depthwise v1")
+
+
+NARROW_CASES = [  # Note [narrow backward-data]: C_in <= cuda.NARROW_C, K >= cuda.NARROW_K, 2+ taps
+    EmuCase(2, 2, 1, 16, 9, 3, stride=2, padding=1),  # C_in = 1, stride 2
+    EmuCase(2, 1, 3, 16, 8, 4, stride=2, padding=1, layout="chlast"),  # RGB, an even kernel
+    EmuCase(1, 2, 2, 16, 13, 5, dilation=2, padding=3),  # rank 1, dilation
+    EmuCase(3, 1, 2, 16, 5, 3, stride=2, padding=1, layout="strided"),  # 3-D, a strided X
+    EmuCase(2, 2, 16, 3, 5, 3, stride=2, padding=1, transposed=True, output_padding=1),  # a transposed forward to 3
+    EmuCase(2, 1, 1, 16, 10, 2, stride=3, padding=1),  # stride > kernel: positions no tap reaches (0)
+    EmuCase(1, 2, 1, 16, 11, 3, dilation=3, padding="same"),  # stride 1, dilation 3: o steps by 3
+    EmuCase(2, 1, 16, 2, 4, 3, stride=3, padding=2, transposed=True, output_padding=1),  # first taps past Y's end
+]
+
+
+@pytest.mark.parametrize("case", NARROW_CASES, ids=lambda c: f"r{c.rank}c{c.c}{'t' if c.transposed else ''}{c.layout}")
+def test_narrow_backward_data_on_cpu(emu_backend, case, monkeypatch):
+    """Note [narrow backward-data]: the implicit-GEMM plans of problems with few dX channels compute grad_input (the
+    forward, transposed) as a 1 x 1 column GEMM (portconv_igemm_fwd into the workspace) and portconv_col2im, with W
+    dense in both orders (its (c, tap) columns c-major or tap-major): all four results against aten in float64 and
+    float32, outputs poisoned."""
+    monkeypatch.setenv("PORTCONV_POISON", "1")
+    launches = spy_launches(monkeypatch)
+    for dtype in (torch.float64, torch.float32):
+        x, w, b, problem, choice, go, ref = _setup(emu_backend, case, dtype)
+        for w_layout in ("contig", "chlast") if case.rank >= 2 else ("contig",):
+            if w_layout == "chlast":
+                w = w.contiguous(memory_format=torch.channels_last if case.rank == 2 else torch.channels_last_3d)
+                problem = Problem(problem.params, problem.input, spec_of(w), True)
+            view = cuda.ConvView.of(problem)
+            assert cuda.narrow_col(view, w.shape, w.stride()), case
+            plan = Plan(problem, BackendId.CUDA, "implicit_gemm", choice.memory_format, choice.reason, _DEVICE)
+            launches.clear()
+            got = (emu_backend.forward(plan, x, w, b), *emu_backend.backward(plan, go, x, w, (True, True, True)))
+            _check(got, ref, dtype, f"narrow {w_layout} W")
+            names = [n for n, _, _ in launches]
+            assert names.count("portconv_col2im") == 1 and "portconv_igemm_bwd_data" not in names, names
+            (f,) = [f for n, f, _ in launches if n == "portconv_col2im"]
+            assert bool(f & cuda.FLAG_COLTAP) == (w_layout == "chlast" and view.C > 1), f
 
 
 # --- depthwise v3 (Note [depthwise tile] of cuda/conv_depthwise_tile.cuh, stride-2 backward-data window) ------

@@ -290,7 +290,9 @@ def test_clear_cache_clears_the_fast_path(fresh):
 
 
 @pytest.mark.parametrize("knob", ["PORTCONV_CUDA_IGEMM_TC_TILE", "PORTCONV_CUDA_IGEMM_TC_V4",
-                                  "PORTCONV_CUDA_IGEMM_TC_V5", "PORTCONV_CUDA_IGEMM_TC_V6", "PORTCONV_CUDA_DEPTHWISE",
+                                  "PORTCONV_CUDA_IGEMM_TC_V5", "PORTCONV_CUDA_IGEMM_TC_V6", "PORTCONV_CUDA_IGEMM_TC_KS",
+                                  "PORTCONV_CUDA_IGEMM_TC_V8", "PORTCONV_CUDA_IGEMM_NARROW",
+                                  "PORTCONV_CUDA_DEPTHWISE",
                                   "PORTCONV_CUDA_DEPTHWISE_TILE"])
 def test_kernel_variant_knobs_make_a_new_plan(fresh, monkeypatch, knob):
     """The cuda backend reads its kernel-variant knobs when a plan's launches are first recorded (Note [replayed

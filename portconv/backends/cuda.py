@@ -18,6 +18,7 @@ ARG_COUNT = sum(n for _, n in ARG_FIELDS)
 FLAG_CL = 1
 FLAG_VA, FLAG_VB = 2, 4  # Note [vector gathers] (cuda/conv_igemm_tc.cuh): A / B may be read 16 bytes at a time
 FLAG_WARP = 8  # Note [warp finalize]: portconv_split_finalize sums a value with a warp
+FLAG_COLTAP = 16  # Note [narrow backward-data]: portconv_col2im's columns are (tap, c) (W channels-last)
 DTYPE_CODE = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3}
 ENTRY = {"direct": "direct.cu", "depthwise": "depthwise.cu", "implicit_gemm": "igemm.cu", "igemm-tc": "igemm.cu"}
 PREFIX = {"direct": "portconv_direct", "depthwise": "portconv_depthwise", "implicit_gemm": "portconv_igemm",
@@ -37,6 +38,7 @@ TC_TILE_ENV = "PORTCONV_CUDA_IGEMM_TC_TILE"  # force one TC_TILES entry for ever
 TC_V4_ENV = "PORTCONV_CUDA_IGEMM_TC_V4"  # "1": the v4 tile (no ldmatrix, no vector gathers; before/after timings)
 TC_V5_ENV = "PORTCONV_CUDA_IGEMM_TC_V5"  # "1": the v5 kernels (weight gradient without Note [TN tiles]; before/after)
 TC_V6_ENV = "PORTCONV_CUDA_IGEMM_TC_V6"  # "1": v6 (TF32 without Note [TF32 ldmatrix] and its ring, v6's tile rule)
+TC_V8_ENV = "PORTCONV_CUDA_IGEMM_TC_V8"  # "1": v8's TN copy order (Note [TN copy order]; before/after timings)
 TC_KS_ENV = "PORTCONV_CUDA_IGEMM_TC_KS"  # "1", "2", "4": steps a ring stage (Note [deep stages]; before/after timings)
 TC_KS = ("1", "2", "4")
 TC_KS_DEFAULT = 2  # Note [stage rows] (H100, docs/performance/h100-2026-11-25h call 4): 1.12x 16-bit, 1.07x TF32 over 1
@@ -168,6 +170,26 @@ def tc_tile(m: int, n: int, units: int, reduction: int = 0, tf32_ring: bool = Fa
     return TC_TILES["128x128"]
 
 
+# Note [narrow backward-data] (cuda/conv_igemm.cuh): backward-data with at most NARROW_C channels of dX (one group, 2+
+# taps, K >= 16) runs as a 1 x 1 column GEMM into a buffer of at most NARROW_COL_MAX values, then col2im. H100, v9
+# (docs/performance/h100-2026-11-25i): deepbench-speech-c1 (C_in = 1) and resnet50-stem (C_in = 3)
+NARROW_C, NARROW_K = 4, 16
+NARROW_COL_MAX = 1 << 28
+NARROW_ENV = "PORTCONV_CUDA_IGEMM_NARROW"  # "0": backward-data without the column GEMM (v8's; before/after timings)
+
+
+def narrow_col(view: ConvView, w_shape, w_strides) -> bool:
+    """Note [narrow backward-data]: whether backward-data (dX; a transposed forward's output) runs as the column GEMM
+    and col2im: one group, at most NARROW_C channels of dX, two taps or more, at least NARROW_K channels of dY, a
+    weight dense in (K, C, taps) or channels-last order (its (c, tap) block one run), every axis of stride 1 or
+    dilation 1, a column buffer of at most NARROW_COL_MAX values."""
+    w_shape, w_strides = tuple(w_shape), tuple(w_strides)
+    dense = w_strides in (dense_strides(w_shape), dense_strides(w_shape, "channels_last"))
+    return (view.G == 1 and view.C <= NARROW_C and view.taps > 1 and view.K >= NARROW_K and dense
+            and all(s == 1 or d == 1 for s, d in zip(view.S, view.DL))
+            and view.y_positions * view.C * view.taps <= NARROW_COL_MAX)
+
+
 def ring_steps(ch: int, forced: str | None = None) -> int:
     """Note [deep stages], Note [stage rows]: steps of 16 a stage of the tensor-core ring (PC_TC_KS) for tap-major
     steps over ``ch`` channels a tap: TC_KS_DEFAULT (or ``forced``, PORTCONV_CUDA_IGEMM_TC_KS), halved until a
@@ -216,6 +238,9 @@ def choose_for(problem: Problem, device: DeviceInfo, kernel_set: str = "CUDA", t
         too_wide = [d for d, (_, ncol, _) in dims.items() if -(-ncol // bn) > GRID_YZ_MAX]
         if not too_wide:
             m, n, k = dims["bwd_data" if p.transposed else "fwd"]
+            if narrow_col(ConvView.of(problem), problem.weight.shape, problem.weight.strides):
+                idx = (f"; {'the forward' if p.transposed else 'backward-data'} as a column GEMM and col2im "
+                       f"({cg} channels, Note [narrow backward-data]){idx}")
             mma = tensor_core_mma(dt, device, kernel_set, tf32)
             if mma:
                 why = f"; TF32 allowed for float32 ({tf32_setting})" if dt == "float32" else ""
@@ -589,6 +614,8 @@ class _Run:
         self.v4 = os.environ.get(TC_V4_ENV) == "1"  # read when the launches are recorded (Note [replayed launches])
         self.v5 = self.v4 or os.environ.get(TC_V5_ENV) == "1"
         self.v6 = self.v5 or os.environ.get(TC_V6_ENV) == "1"
+        self.v8 = os.environ.get(TC_V8_ENV) == "1"
+        self.narrow = os.environ.get(NARROW_ENV) != "0"
         ks = os.environ.get(TC_KS_ENV)
         self.ks = ks if ks in TC_KS else None
         self.flags = FLAG_CL if plan.memory_format != "contiguous" else 0
@@ -603,10 +630,10 @@ class _Run:
         return self.backend.kernels().function(ENTRY[self.alg], defines, self.io.device, name)
 
     def _args(self, x=None, w=None, y=None, b=None, ws=None, xs=None, wst=None, ys=None, bs=0, splits=1, chunk=1,
-              C=None, K=None, R=None, Y=None, flags=0, N=None):
+              C=None, K=None, R=None, Y=None, flags=0, N=None, view=None):
         import numpy as np
 
-        v = self.view
+        v = view or self.view
         ptr = _cupy.Tensors.ptr
         vals = [ptr(x), ptr(w), ptr(y), ptr(b), ptr(ws), v.N if N is None else N, v.C if C is None else C,
                 v.K if K is None else K, v.G,
@@ -639,6 +666,8 @@ class _Run:
             extra["PC_TC_V6"] = 1
         else:
             extra["PC_TC_KS"] = ring_steps(ch, self.ks)
+            if self.v8:
+                extra["PC_TC_V8"] = 1
         return bm, bn, extra
 
     def _vector_flags(self, a=None, b=None, b_axis: int = 1) -> int:
@@ -725,6 +754,8 @@ class _Run:
 
     def bwd_data(self, dx, w, dy, bias) -> None:
         v = self.view
+        if self.alg in IGEMM_ALGS and self.narrow and narrow_col(v, w.shape, elem_strides(w)):
+            return self._bwd_data_col(dx, w, dy, bias)
         phases = self.alg == "igemm-tc" and all(s == 1 or d == 1 for s, d in zip(v.S, v.DL))
         positions = v.N * v.X[0] * v.X[1] * v.X[2]
         name, extra, flags = f"{PREFIX[self.alg]}_bwd_data", None, 0
@@ -760,6 +791,24 @@ class _Run:
         a = self._args(x=dx, w=w, y=dy, b=bias, xs=strides5(dx), wst=strides5(w), ys=strides5(dy),
                        bs=self._bias_stride(bias), flags=flags)
         self._launch(name, grid, a, extra)
+
+    def _bwd_data_col(self, dx, w, dy, bias) -> None:
+        """Note [narrow backward-data]: col = dY x W as a 1 x 1 forward GEMM (M = N*Y positions, N = C*taps columns in
+        W's memory order, reduction K), then dX = col2im(col) (+ bias)."""
+        v = self.view
+        cols, per = v.C * v.taps, v.Y[0] * v.Y[1] * v.Y[2]
+        one = ConvView(v.N, v.K, cols, 1, v.Y, v.Y, (1, 1, 1), (1, 1, 1), (0, 0, 0), (1, 1, 1))
+        col = self.io.workspace(v.y_positions * cols, self.acc64)
+        col_st = (cols * per, per, v.Y[1] * v.Y[2], v.Y[2], 1)
+        bm, bn, extra = self._igemm_tile(v.y_positions, cols, v.K, ch=v.K)
+        wst = elem_strides(w)  # W as the (C taps) x K weight of the 1 x 1 forward: row j at j, column k at k*ws0
+        a = self._args(x=dy, w=w, ws=col, xs=strides5(dy), wst=(1, wst[0], 0, 0, 0), ys=col_st, view=one,
+                       flags=self._vector_flags(dy))
+        self._launch(f"{PREFIX[self.alg]}_fwd", (-(-v.y_positions // bm), -(-cols // bn), 1), a, extra)
+        tapmajor = v.C > 1 and wst[1] == 1  # channels-last W: (tap, c) order
+        b = self._args(x=dx, b=bias, ws=col, xs=strides5(dx), ys=col_st, bs=self._bias_stride(bias),
+                       flags=FLAG_COLTAP if tapmajor else 0)
+        self._launch("portconv_col2im", self._elementwise_grid(v.N * v.C * v.X[0] * v.X[1] * v.X[2]), b, extra)
 
     def bwd_weight(self, x, dy, dw) -> None:
         v = self.view

@@ -8,7 +8,8 @@ Tile `v4` is the auto tile with PORTCONV_CUDA_IGEMM_TC_V4=1 (the v4 kernel: no l
 the auto tile with PORTCONV_CUDA_IGEMM_TC_V5=1 (the v5 kernels: weight gradient without Note [TN tiles]), `v6` with
 PORTCONV_CUDA_IGEMM_TC_V6=1 (v6: TF32 without Note [TF32 ldmatrix] and the cp.async ring, v6's tile rule); `ks1`,
 `ks2`, `ks4` the auto tile with PORTCONV_CUDA_IGEMM_TC_KS=1/2/4 (steps a ring stage, Note [deep stages]; ks1: v7's
-schedule).
+schedule); `v8` with PORTCONV_CUDA_IGEMM_TC_V8=1 (v8's TN copy order, Note [TN copy order]); `nocol` with
+PORTCONV_CUDA_IGEMM_NARROW=0 (backward-data without Note [narrow backward-data]).
 
 float32 runs under torch's default conv precision (TF32 allowed), so cuDNN and igemm-tc both use TF32.
 """
@@ -53,6 +54,7 @@ def main() -> int:
     dirs = tuple(d for d in DIRS if d in a.dirs.split(","))
     # earlier kernel versions, for before / after
     knobs = {"v4": (cuda.TC_V4_ENV, "1"), "v5": (cuda.TC_V5_ENV, "1"), "v6": (cuda.TC_V6_ENV, "1"),
+             "v8": (cuda.TC_V8_ENV, "1"), "nocol": (cuda.NARROW_ENV, "0"),
              **{f"ks{k}": (cuda.TC_KS_ENV, k) for k in cuda.TC_KS}}
     t0, out = time.time(), []
     for dtype in a.dtypes.split(","):
