@@ -191,7 +191,6 @@ struct pc_cursor<Op, true, AJ> {
 struct pc_igemm_fwd_op : pc_igemm_base {
     const pc_t *x, *w, *b;
     pc_t *y;
-    pc_acc_t *cbuf; /* Note [narrow backward-data]: results go to this column buffer (accumulator type), not y */
     pc_idx bs;
     struct Row { pc_idx xo, i0, i1, i2; bool ok; };
     struct Col { pc_idx wo; bool ok; };
@@ -199,7 +198,6 @@ struct pc_igemm_fwd_op : pc_igemm_base {
     static constexpr bool vector_b = true; /* Note [vector gathers]: B (W) is contiguous in C when channels-last */
     PC_DEVICE pc_igemm_fwd_op(const pc_conv_args &a, pc_idx grp) : pc_igemm_base(a, grp) {
         x = (const pc_t *)a.x, w = (const pc_t *)a.w, b = (const pc_t *)a.b, y = (pc_t *)a.y, bs = (pc_idx)a.bs;
-        cbuf = (pc_acc_t *)a.ws;
     }
     /* Note [tap-major steps]: channels C/G, tap digits (r0, r1, r2) */
     PC_DEVICE pc_idx fast_ch() const { return Cg; }
@@ -264,10 +262,6 @@ struct pc_igemm_fwd_op : pc_igemm_base {
     }
     PC_DEVICE pc_idx out_col(pc_idx k) const { return (g * Kg + k) * ys1; }
     PC_DEVICE void put(pc_idx orow, pc_idx ocol, pc_idx k, pc_acc_t v) const {
-        if (cbuf) {
-            cbuf[orow + ocol] = v;
-            return;
-        }
         if (b) v += pc_ld(b, (g * Kg + k) * bs);
         pc_st(y, orow + ocol, v);
     }
@@ -706,15 +700,26 @@ PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_stage_transpose(const pc_conv_args
  * the element gathers of dY cost per row what a full tile would (v8, deepbench-speech-c1: 2.9 ms where cuDNN took
  * 0.69). For one group, C <= NARROW_C and every axis of stride 1 or dilation 1 (cuda.py's narrow_col), the host runs
  * it in two steps instead (Caffe's col2im backward):
- *   1. col[n, j, o] = sum over k of dY[n, k, o] W[k, j], j = (c, tap) in W's memory order: a 1 x 1 forward
- *      (portconv_igemm_fwd) of dY by W read as a (C taps) x K matrix, whose results go to col, dense
- *      [N][C taps][Y0 Y1 Y2] in the accumulator type (the fwd op's cbuf; a workspace), on the usual tiles;
+ *   1. col[n, j, o] = sum over k of dY[n, k, o] W[k, j], j = (c, tap) in W's memory order: a 1 x 1 forward of dY
+ *      by W read as a (C taps) x K matrix (portconv_igemm_col: the forward op on the usual tiles, its results stored
+ *      to col, dense [N][C taps][Y0 Y1 Y2] in the accumulator type, a workspace);
  *   2. dX[n, c, i] = sum over taps r with i = o S - P + r D of col[n, (c, r), o] (+ bias): this kernel, a thread an
  *      element of dX (consecutive threads along its last axis), summed in the accumulator type. On an axis with
  *      dilation 1 the taps that reach i are r = (i + P) mod S + S k, o stepping down by 1; with stride 1, r = k, o
  *      stepping down by D (pc_col_axis): no division inside the loops. PC_FLAG_COLTAP: j = tap * C + c (W
  *      channels-last), else j = c * taps + tap.
  * Every dX element is written (0 + bias where no tap reaches it); col is read once, written once. */
+struct pc_igemm_col_op : pc_igemm_fwd_op { /* the forward op whose put stores to col (a.ws) */
+    pc_acc_t *cbuf;
+    PC_DEVICE explicit pc_igemm_col_op(const pc_conv_args &a) : pc_igemm_fwd_op(a, 0), cbuf((pc_acc_t *)a.ws) {}
+    PC_DEVICE void put(pc_idx orow, pc_idx ocol, pc_idx, pc_acc_t v) const { cbuf[orow + ocol] = v; }
+};
+PC_KERNEL void PC_LAUNCH_BOUNDS(PC_IGEMM_LB) portconv_igemm_col(const pc_conv_args a) {
+    const pc_igemm_col_op op(a);
+    pc_igemm_go(op, op.Cg % PC_BK == 0 && op.Cg <= 8192, op.Cg % PC_BK == 0, (pc_idx)a.N * op.Y0 * op.Y1 * op.Y2,
+                op.Kg, 0, op.Cg); /* one tap: the forward's conditions (Note [tap-major steps]) */
+}
+
 struct pc_col_axis { /* the taps of one axis that reach position i: r = r0 + dr k, o = o0 - dO k, k < n */
     pc_idx r, o, dr, dO, n;
     PC_DEVICE pc_col_axis(pc_idx i, pc_idx R, pc_idx S, pc_idx P, pc_idx D, pc_idx Y) {

@@ -464,7 +464,8 @@ def test_tensor_core_narrow_backward_data(gpu, case, dtype, monkeypatch, tf32_co
               f"narrow case {case}")
     assert all(torch.equal(a, k) for a, k in zip((x, w, b, go), keep))
     names = [n for n, _, _ in launches]
-    assert names.count("portconv_col2im") == 1 and not [n for n in names if "bwd_data" in n], names
+    assert names.count("portconv_col2im") == names.count("portconv_igemm_col") == 1, names
+    assert not [n for n in names if "bwd_data" in n], names
 
 
 def _spy_vector_flags(monkeypatch) -> list:

@@ -358,7 +358,7 @@ NARROW_CASES = [  # Note [narrow backward-data]: C_in <= cuda.NARROW_C, K >= cud
 @pytest.mark.parametrize("case", NARROW_CASES, ids=lambda c: f"r{c.rank}c{c.c}{'t' if c.transposed else ''}{c.layout}")
 def test_narrow_backward_data_on_cpu(emu_backend, case, monkeypatch):
     """Note [narrow backward-data]: the implicit-GEMM plans of problems with few dX channels compute grad_input (the
-    forward, transposed) as a 1 x 1 column GEMM (portconv_igemm_fwd into the workspace) and portconv_col2im, with W
+    forward, transposed) as a 1 x 1 column GEMM (portconv_igemm_col into the workspace) and portconv_col2im, with W
     dense in both orders (its (c, tap) columns c-major or tap-major): all four results against aten in float64 and
     float32, outputs poisoned."""
     monkeypatch.setenv("PORTCONV_POISON", "1")
@@ -376,7 +376,8 @@ def test_narrow_backward_data_on_cpu(emu_backend, case, monkeypatch):
             got = (emu_backend.forward(plan, x, w, b), *emu_backend.backward(plan, go, x, w, (True, True, True)))
             _check(got, ref, dtype, f"narrow {w_layout} W")
             names = [n for n, _, _ in launches]
-            assert names.count("portconv_col2im") == 1 and "portconv_igemm_bwd_data" not in names, names
+            assert names.count("portconv_col2im") == names.count("portconv_igemm_col") == 1, names
+            assert "portconv_igemm_bwd_data" not in names, names
             (f,) = [f for n, f, _ in launches if n == "portconv_col2im"]
             assert bool(f & cuda.FLAG_COLTAP) == (w_layout == "chlast" and view.C > 1), f
 

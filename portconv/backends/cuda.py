@@ -804,7 +804,7 @@ class _Run:
         wst = elem_strides(w)  # W as the (C taps) x K weight of the 1 x 1 forward: row j at j, column k at k*ws0
         a = self._args(x=dy, w=w, ws=col, xs=strides5(dy), wst=(1, wst[0], 0, 0, 0), ys=col_st, view=one,
                        flags=self._vector_flags(dy))
-        self._launch(f"{PREFIX[self.alg]}_fwd", (-(-v.y_positions // bm), -(-cols // bn), 1), a, extra)
+        self._launch("portconv_igemm_col", (-(-v.y_positions // bm), -(-cols // bn), 1), a, extra)
         tapmajor = v.C > 1 and wst[1] == 1  # channels-last W: (tap, c) order
         b = self._args(x=dx, b=bias, ws=col, xs=strides5(dx), ys=col_st, bs=self._bias_stride(bias),
                        flags=FLAG_COLTAP if tapmajor else 0)
