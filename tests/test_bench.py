@@ -484,3 +484,14 @@ def test_benchmark_entries_time_last():
     got = [e.label for e in entries_for(None, avail, types.SimpleNamespace(type="cuda"), True)]
     assert got == ["torch", "torch-ieee", "cudnn", "cuda", "auto", "torch+benchmark", "torch-ieee+benchmark"], got
     assert [e.label for e in entries_for(["auto"], avail, types.SimpleNamespace(type="cpu"), True)] == ["torch", "auto"]
+
+
+def test_environment_records_every_portconv_variable(monkeypatch):
+    """A report names the kernel-variant knobs it ran under (before / after runs set PORTCONV_CUDA_IGEMM_* and the
+    like), besides the documented ones, set or not."""
+    from portconv import knobs
+    from portconv.bench import settings
+
+    monkeypatch.setenv("PORTCONV_CUDA_IGEMM_TC_V8", "1")
+    got = settings.environment()["knobs"]
+    assert got["PORTCONV_CUDA_IGEMM_TC_V8"] == "1" and set(knobs.KNOBS) <= set(got)

@@ -160,6 +160,8 @@ def test_every_launched_kernel_exists():
             assert re.search(rf"PC_KERNEL void PC_LAUNCH_BOUNDS\(\w+\) {cuda.PREFIX[alg]}_{d}\(", text), (alg, d)
         for shared in ("portconv_bias_grad", "portconv_split_finalize"):
             assert f" {shared}(" in text
+        if alg in cuda.IGEMM_ALGS:  # Note [narrow backward-data]
+            assert " portconv_igemm_col(" in text and " portconv_col2im(" in text
 
 
 # --- the bodies on the CPU -------------------------------------------------------------------------------------

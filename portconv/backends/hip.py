@@ -23,7 +23,8 @@ MODULES = {"direct": "direct.hip", "depthwise": "depthwise.hip", "implicit_gemm"
 KERNELS = {
     "direct": ("portconv_direct_fwd", "portconv_direct_bwd_data", "portconv_direct_bwd_weight"),
     "depthwise": ("portconv_depthwise_fwd", "portconv_depthwise_bwd_data", "portconv_depthwise_bwd_weight"),
-    "implicit_gemm": ("portconv_igemm_fwd", "portconv_igemm_bwd_data", "portconv_igemm_bwd_weight"),
+    "implicit_gemm": ("portconv_igemm_fwd", "portconv_igemm_bwd_data", "portconv_igemm_bwd_weight",
+                      "portconv_igemm_col", "portconv_col2im"),  # Note [narrow backward-data] (cuda/conv_igemm.cuh)
 }
 COMMON_KERNELS = ("portconv_bias_grad", "portconv_split_finalize")  # every module has them (reduce.cuh)
 DEFINE_SETS = tuple({"PC_DTYPE": d, "PC_INDEX64": i} for d in (0, 1, 2, 3) for i in (0, 1))  # as cuda._Run makes

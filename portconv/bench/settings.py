@@ -139,5 +139,9 @@ def environment() -> dict:
         except RuntimeError as e:
             vers["cudnn"] = f"error: {e}"
     return {"versions": vers, "git": git_revision(), "cpus": os.cpu_count(), "loadavg": loadavg(),
-            "platform": platform.platform(), "argv": sys.argv, "knobs": {k: os.environ.get(k) for k in knobs.KNOBS},
+            "platform": platform.platform(), "argv": sys.argv,
+            # the documented knobs, and any other PORTCONV_* variable set (the kernel-variant knobs of before / after
+            # runs, PORTCONV_CUDA_IGEMM_*, PORTCONV_CUDA_DEPTHWISE*), so a report says which kernels it timed
+            "knobs": {**{k: os.environ.get(k) for k in knobs.KNOBS},
+                      **{k: v for k, v in sorted(os.environ.items()) if k.startswith("PORTCONV_")}},
             "torch_flags": torch_flags()}
