@@ -73,6 +73,10 @@ TC_TABLE = [  # (input, weight, kwargs, dtype, tf32 allowed, algorithm, words)
     ((2, 32, 14, 14), (64, 8, 3, 3), dict(groups=4, padding=1), "float16", True, "igemm-tc", "groups = 4, 8 / 16"),
     ((2, 64, 7, 7), (64, 16, 3, 3), dict(groups=4, padding=1), "float32", True, "igemm-tc", "tf32 m16n8k8"),
     ((2, 128, 14, 14), (128, 4, 3, 3), dict(groups=32, padding=1), "float16", True, "direct", "groups = 32"),
+    # Note [narrow backward-data]: the reason says when grad_input (a transposed forward) takes the column GEMM
+    ((32, 1, 161, 700), (32, 1, 5, 20), dict(stride=2), "float32", True, "igemm-tc", "backward-data as a column GEMM"),
+    ((2, 3, 64, 64), (16, 3, 7, 7), dict(stride=2, padding=3), "float64", True, "implicit_gemm", "and col2im (3"),
+    ((2, 16, 8, 8), (16, 3, 4, 4), dict(stride=2, transposed=True), "float16", False, "igemm-tc", "the forward as a"),
 ]
 
 
