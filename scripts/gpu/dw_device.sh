@@ -7,6 +7,7 @@
 #   bash scripts/gpu/dw_device.sh final   the full conformance grid at the defaults (cuda x CONF_DTYPES, hip x
 #                                         HIP_DTYPES), then `portconv bench --hold-stream --backend cuda,cudnn,auto`
 #                                         over BENCH_ROWS (default: all)
+#   bash scripts/gpu/dw_device.sh grid    the full conformance grid only
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD  # PORTCONV_POISON=1 only for the conformance (a fill kernel timed otherwise)
 python3 -c "import torch, cupy; print('torch', torch.__version__, 'cudnn', torch.backends.cudnn.version(), \
@@ -37,6 +38,10 @@ sweep)
         DW_VARIANTS="${VARIANTS:-v3}" timeout ${BENCH_S:-300} \
         python3 scripts/gpu/depthwise_bench.py $OUT > $OUT/sweep.txt 2>&1
     echo "sweep rc=$?"; grep -A40 "^| row" $OUT/depthwise.md | head -40; grep "^registers" $OUT/sweep.txt | head -20;;
+grid)  # the full conformance grid only (cuda x CONF_DTYPES, hip x HIP_DTYPES)
+    for dt in ${CONF_DTYPES-float32 float64 float16 bfloat16}; do conf cuda $dt "" ${CONF_S:-200}; done
+    for dt in ${HIP_DTYPES-float32 bfloat16}; do conf hip $dt "" ${CONF_S:-200}; done
+    wait; summary;;
 final)
     for dt in ${CONF_DTYPES-float32 float64 float16 bfloat16}; do conf cuda $dt "" ${CONF_S:-200}; done
     for dt in ${HIP_DTYPES-float32 bfloat16}; do conf hip $dt "" ${CONF_S:-200}; done
