@@ -629,14 +629,19 @@ PC_DEVICE void pc_igemm_go(const Op &op, bool fast, bool vfast, pc_idx M, pc_idx
         pc_igemm_main<Op, 0>(op, M, NC, rbeg, rend);
 }
 
-PC_KERNEL void PC_LAUNCH_BOUNDS(PC_IGEMM_LB) portconv_igemm_fwd(const pc_conv_args a) {
-    const pc_igemm_fwd_op op(a, (pc_idx)blockIdx.z);
+/* The forward GEMM of op (pc_igemm_fwd_op, or pc_igemm_col_op of Note [narrow backward-data]) over N*Y positions. */
+template <class Op>
+PC_DEVICE void pc_igemm_fwd_go(const Op &op, const pc_conv_args &a) {
     const pc_idx M = (pc_idx)a.N * op.Y0 * op.Y1 * op.Y2;
     /* Note [tap-major steps]: not for taps along the depth axis or reductions over 8192 long, where channel-inner
      * steps reach an input line again only after more data than L1 holds (measured: r3d18-l1-3d float32 1.33x and
      * deeplabv3-aspp-d12 1.05x-1.07x slower under them; 2-D rows up to 512 x 9 and 1024 x 1 faster) */
     pc_igemm_go(op, op.Cg % PC_BK == 0 && op.taps == op.R1 * op.R2 && op.Cg * op.taps <= 8192, op.Cg % PC_BK == 0, M,
                 op.Kg, 0, op.Cg * op.taps);
+}
+
+PC_KERNEL void PC_LAUNCH_BOUNDS(PC_IGEMM_LB) portconv_igemm_fwd(const pc_conv_args a) {
+    pc_igemm_fwd_go(pc_igemm_fwd_op(a, (pc_idx)blockIdx.z), a);
 }
 
 PC_KERNEL void PC_LAUNCH_BOUNDS(PC_IGEMM_LB) portconv_igemm_bwd_data(const pc_conv_args a) {
@@ -715,9 +720,7 @@ struct pc_igemm_col_op : pc_igemm_fwd_op { /* the forward op whose put stores to
     PC_DEVICE void put(pc_idx orow, pc_idx ocol, pc_idx, pc_acc_t v) const { cbuf[orow + ocol] = v; }
 };
 PC_KERNEL void PC_LAUNCH_BOUNDS(PC_IGEMM_LB) portconv_igemm_col(const pc_conv_args a) {
-    const pc_igemm_col_op op(a);
-    pc_igemm_go(op, op.Cg % PC_BK == 0 && op.Cg <= 8192, op.Cg % PC_BK == 0, (pc_idx)a.N * op.Y0 * op.Y1 * op.Y2,
-                op.Kg, 0, op.Cg); /* one tap: the forward's conditions (Note [tap-major steps]) */
+    pc_igemm_fwd_go(pc_igemm_col_op(a), a);
 }
 
 struct pc_col_axis { /* the taps of one axis that reach position i: r = r0 + dr k, o = o0 - dO k, k < n */

@@ -186,7 +186,7 @@ def narrow_col(view: ConvView, w_shape, w_strides) -> bool:
     w_shape, w_strides = tuple(w_shape), tuple(w_strides)
     dense = w_strides in (dense_strides(w_shape), dense_strides(w_shape, "channels_last"))
     return (view.G == 1 and view.C <= NARROW_C and view.taps > 1 and view.K >= NARROW_K and dense
-            and all(s == 1 or d == 1 for s, d in zip(view.S, view.DL))
+            and view.phased
             and view.y_positions * view.C * view.taps <= NARROW_COL_MAX)
 
 
@@ -379,6 +379,12 @@ class ConvView:
         return cls(xs[0], xs[1], ws[0], p.groups, (1,) * lead + tuple(xs[2:]), (1,) * lead + tuple(ys[2:]),
                    (1,) * lead + tuple(ws[2:]), (1,) * lead + p.stride, (0,) * lead + p.padding,
                    (1,) * lead + p.dilation)
+
+    @property
+    def phased(self) -> bool:
+        """Note [bwd-data phases]: every axis has stride 1 or dilation 1, so the taps that reach a dX position follow
+        from its phase (the phase kernels; Note [narrow backward-data]'s col2im)."""
+        return all(s == 1 or d == 1 for s, d in zip(self.S, self.DL))
 
     @property
     def taps(self) -> int:
@@ -756,7 +762,7 @@ class _Run:
         v = self.view
         if self.alg in IGEMM_ALGS and self.narrow and narrow_col(v, w.shape, elem_strides(w)):
             return self._bwd_data_col(dx, w, dy, bias)
-        phases = self.alg == "igemm-tc" and all(s == 1 or d == 1 for s, d in zip(v.S, v.DL))
+        phases = self.alg == "igemm-tc" and v.phased
         positions = v.N * v.X[0] * v.X[1] * v.X[2]
         name, extra, flags = f"{PREFIX[self.alg]}_bwd_data", None, 0
         if phases:  # Note [bwd-data phases]

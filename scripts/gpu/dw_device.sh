@@ -38,16 +38,14 @@ sweep)
         DW_VARIANTS="${VARIANTS:-v3}" timeout ${BENCH_S:-300} \
         python3 scripts/gpu/depthwise_bench.py $OUT > $OUT/sweep.txt 2>&1
     echo "sweep rc=$?"; grep -A40 "^| row" $OUT/depthwise.md | head -40; grep "^registers" $OUT/sweep.txt | head -20;;
-grid)  # the full conformance grid only (cuda x CONF_DTYPES, hip x HIP_DTYPES)
-    for dt in ${CONF_DTYPES-float32 float64 float16 bfloat16}; do conf cuda $dt "" ${CONF_S:-200}; done
-    for dt in ${HIP_DTYPES-float32 bfloat16}; do conf hip $dt "" ${CONF_S:-200}; done
-    wait; summary;;
-final)
+grid|final)  # the full conformance grid (cuda x CONF_DTYPES, hip x HIP_DTYPES); final: then the bench
     for dt in ${CONF_DTYPES-float32 float64 float16 bfloat16}; do conf cuda $dt "" ${CONF_S:-200}; done
     for dt in ${HIP_DTYPES-float32 bfloat16}; do conf hip $dt "" ${CONF_S:-200}; done
     wait; summary
-    timeout ${BENCH_S:-330} python3 -m portconv.cli bench --hold-stream --backend cuda,cudnn,auto \
-        ${BENCH_ROWS:+--rows $BENCH_ROWS} --out $OUT/bench > $OUT/bench.txt 2>&1
-    echo "bench rc=$?"; gzip -f $OUT/bench/bench.json; sed -n '/^## Geomean/,/^## Method/p' $OUT/bench/bench.md;;
+    if [ $1 = final ]; then
+        timeout ${BENCH_S:-330} python3 -m portconv.cli bench --hold-stream --backend cuda,cudnn,auto \
+            ${BENCH_ROWS:+--rows $BENCH_ROWS} --out $OUT/bench > $OUT/bench.txt 2>&1
+        echo "bench rc=$?"; gzip -f $OUT/bench/bench.json; sed -n '/^## Geomean/,/^## Method/p' $OUT/bench/bench.md
+    fi;;
 esac
 echo "total $(( $(date +%s) - t0 )) s"
