@@ -5,3 +5,4 @@
 #include "reduce.cuh"
 #include "conv_depthwise.cuh"
 #include "conv_depthwise_tile.cuh"
+#include "conv_depthwise_planes.cuh"

@@ -246,7 +246,7 @@ _ENV_NAMES = ("PORTCONV_BACKEND", "PORTCONV_DISABLE", "PORTCONV_OPENCL_DEVICE", 
               "PORTCONV_CUDA_IGEMM_TC_V5", "PORTCONV_CUDA_IGEMM_TC_V6", "PORTCONV_CUDA_IGEMM_TC_KS",
               "PORTCONV_CUDA_IGEMM_TC_V8", "PORTCONV_CUDA_IGEMM_NARROW",
               "PORTCONV_CUDA_DEPTHWISE",
-              "PORTCONV_CUDA_DEPTHWISE_TILE")
+              "PORTCONV_CUDA_DEPTHWISE_TILE", "PORTCONV_CUDA_DEPTHWISE_PLANES")
 try:  # CPython's os.environ keeps the raw mapping (updated in place by os.environ[...] = ..., monkeypatch.setenv)
     _env_get, _env_keys = os.environ._data.get, tuple(os.environ.encodekey(n) for n in _ENV_NAMES)  # type: ignore
 except AttributeError:

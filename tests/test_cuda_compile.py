@@ -449,6 +449,59 @@ def _depthwise_all_dtypes(emu_backend, case):
         _check(got, ref, dtype, f"depthwise ({choice.reason})")
 
 
+def test_depthwise_planes_sizes(monkeypatch):
+    """Note [depthwise planes]: planes a chunk (about DWP_UNITS result columns, 16-byte aligned chunk starts, within
+    DWP_MAX_BYTES), the module's shared memory in DWP_STEP steps and the blocks an SM it leaves."""
+    monkeypatch.delenv(cuda.DWP_ENV, raising=False)
+    last = cuda.ConvView(32, 960, 960, 960, (1, 7, 7), (1, 7, 7), (1, 3, 3), (1, 1, 1), (0, 1, 1), (1, 1, 1))
+    m14 = dataclasses.replace(last, C=576, K=576, G=576, X=(1, 14, 14), Y=(1, 14, 14))
+    assert cuda.dw_planes(last, "fwd", 4) == (36, 36 * 147 * 4 + 32)  # 252 columns; 36 x 196 bytes: 16-byte steps
+    assert cuda.dw_planes(last, "bwd_data", 2)[0] == 32  # 98-byte planes: 8 a 16-byte step
+    assert cuda.dw_planes(m14, "fwd", 4)[0] == 18 and cuda.dw_planes(m14, "fwd", 8)[0] == 10  # 48 KiB at most
+    assert cuda.dwp_build(last, 4, "sm_90") == (24576, 6) and cuda.dwp_build(m14, 4, "sm_90") == (49152, 4)
+    assert cuda.dwp_build(m14, 4, "sm_80") == (49152, 3) and cuda.dwp_build(last, 2, "gfx90a") == (16384, 3)
+    assert cuda.dwp_build(last, 2, "sm_90") == (16384, 5) and cuda.dwp_build(last, 8, "sm_90") == (49152, 4)
+    pad0 = dataclasses.replace(last, Y=(1, 5, 5), P=(0, 0, 0))  # the larger direction sizes the module
+    fwd, bwd = cuda.dw_planes(pad0, "fwd", 4), cuda.dw_planes(pad0, "bwd_data", 4)
+    assert fwd == (48, 48 * (2 * 49 + 25) * 4 + 32) and bwd == (36, 36 * (2 * 25 + 49) * 4 + 32)
+    assert cuda.dwp_build(pad0, 4, "sm_90") == (24576, 6)
+    monkeypatch.setenv(cuda.DWP_ENV, "64,0")
+    assert cuda.dw_planes(last, "fwd", 4)[0] == 8 and cuda.dwp_build(last, 4, "sm_90")[1] == 0
+
+
+PLANES_CASES = [  # Note [depthwise planes]: 2-D NCHW 3x3 stride 1 on planes of at most DWP_PLANE elements
+    EmuCase(2, 2, 5, 5, 7, 3, padding=1, groups=5),  # mbv2-dw3x3-last's 7x7 planes, one strip a row
+    EmuCase(2, 1, 3, 3, 14, 3, padding=1, groups=3),  # 14x14: strips of 4, 4, 4, 2
+    EmuCase(2, 3, 4, 4, 9, 3, padding=0, groups=4),  # no padding: Y 7x7 inside X 9x9 (backward padding 2)
+    EmuCase(2, 1, 4, 4, 6, 3, padding=2, groups=4),  # padding 2: Y 8x8 around X 6x6 (backward padding 0)
+    EmuCase(2, 4, 10, 10, 7, 3, padding=1, groups=10),  # 40 planes: a block of 32 and one of 8
+    EmuCase(2, 2, 4, 4, 7, 3, padding=1, groups=4, layout="strided"),  # X not plane-contiguous: rows3s1 forward
+]
+
+
+@pytest.mark.parametrize("sizes", [None, "8,0", "8,1"], ids=["default", "small-chunks", "sm-blocks"])
+@pytest.mark.parametrize("case", PLANES_CASES, ids=lambda c: f"n{c.n}c{c.c}s{c.size}p{c.padding}{c.layout}")
+def test_depthwise_planes_on_cpu(emu_backend, case, sizes, monkeypatch):
+    """Note [depthwise planes]: forward (with bias) and grad_input through portconv_depthwise_*_planes in all four
+    dtypes against aten in float64, outputs poisoned. 'small-chunks' gives a chunk 1 to 8 planes and a block each:
+    many blocks, a short last chunk, chunk starts off 16 bytes (the element-wise copies); 'sm-blocks' runs them on
+    one block an emulated SM (2), each block several chunks, through both source buffers. A view whose planes are
+    not back to back runs rows3s1."""
+    monkeypatch.setenv("PORTCONV_POISON", "1")
+    monkeypatch.delenv(cuda.DW_ENV, raising=False)
+    if sizes:
+        monkeypatch.setenv(cuda.DWP_ENV, sizes)
+    launches = spy_launches(monkeypatch)
+    _depthwise_all_dtypes(emu_backend, case)
+    names = {n for n, _, _ in launches}
+    strided = case.layout == "strided"
+    assert ("portconv_depthwise_fwd" + ("_rows3s1" if strided else "_planes")) in names, names
+    assert "portconv_depthwise_bwd_data_planes" in names, names  # dY and dX are dense
+    grids = {g[0] for n, _, g in launches if n.endswith("_planes")}
+    if sizes:
+        assert max(grids) <= 2 if sizes.endswith(",1") else max(grids) >= 2, grids
+
+
 @pytest.mark.parametrize("extra", [{"PC_DWT_LA": 0}, {"PC_DWT_PF": 0, "PC_DWT_PF16": 1}, {"PC_DWT_PK": 0},
                                    {"PC_DWT_RING": 1, "PC_DWT_RD": 2, "PC_DWT_FRING": 1, "PC_DWT_FRD": 4,
                                     "PC_DWT_NRING": 1},
@@ -490,8 +543,17 @@ def test_depthwise_v3_selection(monkeypatch):
     assert ks(view(2), cl=True) == {"fwd": "tile_s2", "bwd_data": "rows3s2", "bwd_weight": "tile2d_s2"}
     assert ks(view(1)) == {"fwd": "tilen_s1", "bwd_data": "tilen_s1", "bwd_weight": "rows2d_s1"}  # auto: big
     assert ks(view(2)) == {"fwd": "tilen_s2", "bwd_data": "rows3s2", "bwd_weight": "rows2d_s2"}
-    small = dataclasses.replace(view(1), X=(1, 7, 7), Y=(1, 7, 7))  # mbv2-dw3x3-last: 'rows' wins there
+    small = dataclasses.replace(view(1), X=(1, 7, 7), Y=(1, 7, 7))  # mbv2-dw3x3-last: Note [depthwise planes]
+    assert ks(small) == {"fwd": "planes", "bwd_data": "planes", "bwd_weight": "rows2d_s1"}
+    assert ks(small, cl=True)["fwd"] == "tile_s1"
+    assert ks(dataclasses.replace(small, X=(1, 16, 16), Y=(1, 16, 16)))["fwd"] == "tilen_s1"  # the tile's first
+    assert ks(dataclasses.replace(small, N=1, X=(1, 16, 16), Y=(1, 16, 16)))["fwd"] == "planes"  # 256 elements
+    assert ks(dataclasses.replace(small, X=(1, 15, 19), Y=(1, 15, 19)))["fwd"] == "rows3s1"  # 285 > DWP_PLANE
+    assert ks(dataclasses.replace(small, X=(1, 14, 14), Y=(1, 7, 7), S=(1, 2, 2)))["fwd"] == "rows3s2"  # stride 2
+    assert ks(dataclasses.replace(small, K=288))["fwd"] == "rows3s1"  # channel multiplier 2
+    monkeypatch.setenv(cuda.DW_ENV, "v3")  # before Note [depthwise planes]
     assert ks(small) == {"fwd": "rows3s1", "bwd_data": "rows3s1", "bwd_weight": "rows2d_s1"}
+    monkeypatch.delenv(cuda.DW_ENV)
 
     def v(view_, dtype, cl):  # Note [whole-row strips]
         return cuda.dw_v(view_, dtype, cl, ks(view_, cl=cl))
@@ -504,7 +566,7 @@ def test_depthwise_v3_selection(monkeypatch):
     assert ks(b1) == {"fwd": "tilen_s1", "bwd_data": "tilen_s1", "bwd_weight": "rows2d_s1"}  # 8 x 2 tiles win ("v11")
     assert ks(dataclasses.replace(b1, C=16, K=16, G=16))["fwd"] == "rows3s1"  # 12544 tiles: under DW_TILE_MIN_WORK
     monkeypatch.setenv(cuda.DW_TILE_ENV, "cl")
-    assert ks(view(1)) == {"fwd": "rows3s1", "bwd_data": "rows3s1", "bwd_weight": "rows2d_s1"}
+    assert ks(view(1)) == {"fwd": "rows3s1", "bwd_data": "rows3s1", "bwd_weight": "rows2d_s1"}  # 56x56: too big
     assert ks(view(1, rank=3), cl=True)["bwd_weight"] == "tile3d_s1"
     assert ks(view(1, k=288), cl=True)["fwd"] == "rows3s1"  # channel multiplier 2: no tile kernel
     monkeypatch.setenv(cuda.DW_TILE_ENV, "all")

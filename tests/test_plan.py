@@ -293,7 +293,7 @@ def test_clear_cache_clears_the_fast_path(fresh):
                                   "PORTCONV_CUDA_IGEMM_TC_V5", "PORTCONV_CUDA_IGEMM_TC_V6", "PORTCONV_CUDA_IGEMM_TC_KS",
                                   "PORTCONV_CUDA_IGEMM_TC_V8", "PORTCONV_CUDA_IGEMM_NARROW",
                                   "PORTCONV_CUDA_DEPTHWISE",
-                                  "PORTCONV_CUDA_DEPTHWISE_TILE"])
+                                  "PORTCONV_CUDA_DEPTHWISE_TILE", "PORTCONV_CUDA_DEPTHWISE_PLANES"])
 def test_kernel_variant_knobs_make_a_new_plan(fresh, monkeypatch, knob):
     """The cuda backend reads its kernel-variant knobs when a plan's launches are first recorded (Note [replayed
     launches]); they are in the plan cache's key, so a change mid-process gets a new plan (a tile sweep that reused

@@ -68,6 +68,19 @@ DW_TILE_VC = {"float32": 2, "float16": 4, "bfloat16": 4, "float64": 1}  # PC_DWT
 DW_TILE_ENV = "PORTCONV_CUDA_DEPTHWISE_TILE"
 DW_TILE_MIN_WORK = 1 << 14  # 1 << 16 until "v11": mbv2-dw3x3-b1 (25088) now runs faster on the 8 x 2 tile
 DW_ENV = "PORTCONV_CUDA_DEPTHWISE"  # "rows" (default): Note [depthwise rows] kernels where they apply; "v1" never
+# Note [depthwise planes] (cuda/conv_depthwise_planes.cuh): 2-D NCHW 3x3 stride-1 forward / backward-data on planes of
+# at most DWP_PLANE elements (X and Y) where the tile kernels do not run. A chunk is the whole planes that give about
+# DWP_UNITS threads a result column (Note [plane columns]), rounded down so that chunks start 16-byte aligned, at most
+# DWP_MAX_BYTES of shared memory for two source buffers and a result buffer. The view's module is built with that
+# memory in DWP_STEP steps (PC_DWP_BYTES) and for the blocks an SM it leaves, at most DWP_BLOCKS[element size]
+# (PC_DWP_MINB; the registers that leaves hold the float32 body at 6 blocks (40), 16-bit at 5, float64 at 4 without
+# spills); the grid is that many blocks an SM. H200, mbv2-dw3x3-last forward: 0.0073 ms at 4 blocks (48 KiB), 0.0065
+# at 6 (32 KiB) (notes-depthwise-v3.md "v12")
+DWP_PLANE, DWP_UNITS, DWP_MAX_BYTES, DWP_STEP = 256, 256, 49152, 8192
+DWP_BLOCKS = {2: 5, 4: 6, 8: 4}
+DWP_SM_BYTES = {"sm_90": 233472, "sm_100": 233472, "sm_80": 167936, "sm_87": 167936}  # shared memory an SM (grids)
+DWP_SM_BYTES_OTHER = 102400  # other NVIDIA GPUs; AMD GPUs: 65536 (an LDS)
+DWP_ENV = "PORTCONV_CUDA_DEPTHWISE_PLANES"  # "UNITS,BLOCKS" for sweeps (BLOCKS 0: a block a chunk)
 GROUPED_GEMM_MIN = 8  # Note [grouped implicit GEMM]: channels a group (in and out) from which grouped problems run it
 INDEX32_LIMIT = 2**31 - 1 - 2**26  # headroom for grid-stride steps past the last element
 GRID_YZ_MAX = 65535
@@ -225,7 +238,8 @@ def choose_for(problem: Problem, device: DeviceInfo, kernel_set: str = "CUDA", t
         return Choice("depthwise", fmt, f"depthwise (groups = C_in = {p.groups}, channel multiplier {m}): per-channel "
                       f"kernels without a channel loop [{names}] ('rows*': {rows_v} outputs per thread, "
                       f"Note [depthwise rows]; 'tile*': {tile_shape(fmt != 'contiguous', p.rank, dt)} tiles per "
-                      f"thread, Note [depthwise tile]; "
+                      f"thread, Note [depthwise tile]; 'planes': a block's whole planes staged in shared memory "
+                      f"where X and Y are NCHW-contiguous (else 'rows3s1'), Note [depthwise planes]; "
                       f"plain: one output per thread, {DW_TAPS} weight-gradient taps per block){idx}", math)
     dims = igemm_dims(problem)
     cg, kg = dims["bwd_data"][1], dims["fwd"][1]
@@ -262,7 +276,7 @@ def depthwise_kernels(view: ConvView, cl: bool = False) -> dict[str, str]:
     'v1' selects the per-element kernels everywhere, 'v2' (or 'rows') the 'rows' set of
     cuda/conv_depthwise_rows.cuh as it was before the tile kernels, 'v3' (default) adds the tile kernels of
     cuda/conv_depthwise_tile.cuh (Note [depthwise tile]) and the stride-2 backward-data window."""
-    ver = os.environ.get(DW_ENV, "v3")
+    ver = os.environ.get(DW_ENV, "v4")
     if ver == "v1":
         return {"fwd": "plain", "bwd_data": "plain", "bwd_weight": "plain"}
     r0, r1, r2 = view.R
@@ -290,7 +304,40 @@ def depthwise_kernels(view: ConvView, cl: bool = False) -> dict[str, str]:
             bwd_data = tile
     if plane and cl and ok_w:
         bwd_weight = f"tile{3 if r0 == 3 else 2}d_s{s2}"
+    small = max(view.X[1] * view.X[2], view.Y[1] * view.Y[2]) <= DWP_PLANE and r0 == 1 and view.X[0] == 1
+    if ver != "v3" and plane and s2 == 1 and not cl and small and fwd == "rows3s1":  # Note [depthwise planes]
+        fwd = bwd_data = "planes"
     return {"fwd": fwd, "bwd_data": bwd_data, "bwd_weight": bwd_weight}
+
+
+def dw_planes(view: ConvView, direction: str, item: int) -> tuple[int, int]:
+    """(planes a chunk, shared bytes they take) of the 'planes' kernel in a direction (Note [depthwise planes])."""
+    src, dst = (view.X, view.Y) if direction == "fwd" else (view.Y, view.X)
+    s_hw, d_hw = src[1] * src[2], dst[1] * dst[2]
+    target = int((os.environ.get(DWP_ENV) or f"{DWP_UNITS},").split(",")[0])
+    p = min(max(1, target // dst[2]), (DWP_MAX_BYTES - 32) // ((2 * s_hw + d_hw) * item))
+    q = math.lcm(16 // math.gcd(s_hw * item, 16), 16 // math.gcd(d_hw * item, 16))  # planes a 16-byte step
+    p = max(1, p - p % q if p >= q else p)
+    return p, (2 * s_hw + d_hw) * item * p + 32
+
+
+def dwp_build(view: ConvView, item: int, arch: str) -> tuple[int, int]:
+    """(PC_DWP_BYTES, blocks an SM) of a view's 'planes' module: the shared memory of its larger direction in
+    DWP_STEP steps, and the blocks an SM that leaves (at most DWP_BLOCKS[item], or the BLOCKS of DWP_ENV; 0: a block
+    a chunk)."""
+    need = max(dw_planes(view, d, item)[1] for d in ("fwd", "bwd_data"))
+    smem = min(DWP_MAX_BYTES, max(2 * DWP_STEP, -(-need // DWP_STEP) * DWP_STEP))
+    sm = 65536 if arch.startswith("gfx") else DWP_SM_BYTES.get(arch, DWP_SM_BYTES_OTHER)
+    env = (os.environ.get(DWP_ENV) or ",").split(",")[1]
+    cap = int(env) if env else DWP_BLOCKS[item]
+    return smem, min(cap, sm // (smem + 1024)) if cap > 0 else 0
+
+
+def planes_dense(t) -> bool:
+    """Note [depthwise planes]: an NCHW tensor whose planes lie back to back (plane n*C + c at (n*C + c)*H*W)."""
+    shape, st = tuple(t.shape), elem_strides(t)
+    want = dense_strides(shape)
+    return all(n == 1 or a == b for n, a, b in zip(shape, st, want))
 
 
 def dw_tile_key(cl: bool, rank: int, dtype: str) -> str:
@@ -629,6 +676,10 @@ class _Run:
         self.rows_v = dw_v(self.view, pr.dtype, bool(self.flags), self.dw) if self.dw else DW_V
         if self.rows_v != DW_V:  # Note [whole-row strips]: a module build of its own
             self.defines["PC_DW_V"] = self.rows_v
+        self.dwp_blocks = 0
+        if "planes" in self.dw.values():  # Note [depthwise planes]: the view's shared memory and blocks an SM
+            smem, self.dwp_blocks = dwp_build(self.view, self._item, plan.device.arch)
+            self.defines.update(PC_DWP_BYTES=smem, PC_DWP_MINB=max(1, self.dwp_blocks))
         self.rec: _replay.Recording | None = None  # Note [replayed launches]
 
     def _fn(self, name: str, extra: dict | None = None):
@@ -720,6 +771,11 @@ class _Run:
     def _dense_nchw(self, t) -> bool:
         return elem_strides(t) == dense_strides(tuple(t.shape), "contiguous")
 
+    def _planes_grid(self, chunk: int) -> int:
+        """Blocks of a 'planes' launch: dwp_blocks an SM, at most a block a chunk (Note [depthwise planes])."""
+        chunks = -(-(self.view.N * self.view.C) // chunk)
+        return min(chunks, self.units * self.dwp_blocks) if self.dwp_blocks > 0 else chunks
+
     def _elementwise_grid(self, total: int) -> tuple[int, int, int]:
         return (max(1, min(-(-total // THREADS), self.units * 32)), 1, 1)
 
@@ -737,7 +793,7 @@ class _Run:
 
     def fwd(self, x, w, y, bias) -> None:
         v = self.view
-        name, extra = f"{PREFIX[self.alg]}_fwd", None
+        name, extra, chunk = f"{PREFIX[self.alg]}_fwd", None, 1
         if self.alg in IGEMM_ALGS:
             bm, bn, extra = self._igemm_tile(v.y_positions, v.K // v.G, v.C // v.G * v.taps, ch=v.C // v.G)
             grid = (-(-v.y_positions // bm), -(-(v.K // v.G) // bn), v.G)
@@ -748,14 +804,18 @@ class _Run:
                 if sw:
                     w = self._transposed(w, v.K, v.C, v.taps, tuple(w.shape),
                                          dense_strides(tuple(w.shape), "channels_last"), extra)
+        elif self.dw.get("fwd") == "planes" and planes_dense(x) and planes_dense(y):
+            name += "_planes"
+            chunk = dw_planes(v, "fwd", self._item)[0]
+            grid = (self._planes_grid(chunk), 1, 1)
         elif self.dw.get("fwd", "plain") != "plain":
-            name += "_" + self.dw["fwd"]
+            name += "_" + ("rows3s1" if self.dw["fwd"] == "planes" else self.dw["fwd"])
             grid = self._elementwise_grid(depthwise_work(v, "fwd", self.dw["fwd"], bool(self.flags),
                                                          self.plan.problem.dtype, self.rows_v))
         else:
             grid = self._elementwise_grid(v.y_positions * v.K)
         a = self._args(x=x, w=w, y=y, b=bias, xs=strides5(x), wst=strides5(w), ys=strides5(y),
-                       bs=self._bias_stride(bias), flags=self._vector_flags(x, w))
+                       bs=self._bias_stride(bias), chunk=chunk, flags=self._vector_flags(x, w))
         self._launch(name, grid, a, extra)
 
     def bwd_data(self, dx, w, dy, bias) -> None:
@@ -764,7 +824,7 @@ class _Run:
             return self._bwd_data_col(dx, w, dy, bias)
         phases = self.alg == "igemm-tc" and v.phased
         positions = v.N * v.X[0] * v.X[1] * v.X[2]
-        name, extra, flags = f"{PREFIX[self.alg]}_bwd_data", None, 0
+        name, extra, flags, chunk = f"{PREFIX[self.alg]}_bwd_data", None, 0, 1
         if phases:  # Note [bwd-data phases]
             name += "_phase"
             phase0 = v.N * -(-v.X[0] // v.S[0]) * -(-v.X[1] // v.S[1]) * -(-v.X[2] // v.S[2])
@@ -788,14 +848,18 @@ class _Run:
         elif self.alg in IGEMM_ALGS:
             bm, bn, extra = self._igemm_tile(positions, v.C // v.G, v.K // v.G * v.taps)
             grid = (-(-positions // bm), -(-(v.C // v.G) // bn), v.G)
+        elif self.dw.get("bwd_data") == "planes" and planes_dense(dy) and planes_dense(dx):
+            name += "_planes"
+            chunk = dw_planes(v, "bwd_data", self._item)[0]
+            grid = (self._planes_grid(chunk), 1, 1)
         elif self.dw.get("bwd_data", "plain") != "plain":
-            name += "_" + self.dw["bwd_data"]
+            name += "_" + ("rows3s1" if self.dw["bwd_data"] == "planes" else self.dw["bwd_data"])
             grid = self._elementwise_grid(depthwise_work(v, "bwd_data", self.dw["bwd_data"], bool(self.flags),
                                                          self.plan.problem.dtype, self.rows_v))
         else:
             grid = self._elementwise_grid(positions * v.C)
         a = self._args(x=dx, w=w, y=dy, b=bias, xs=strides5(dx), wst=strides5(w), ys=strides5(dy),
-                       bs=self._bias_stride(bias), flags=flags)
+                       bs=self._bias_stride(bias), chunk=chunk, flags=flags)
         self._launch(name, grid, a, extra)
 
     def _bwd_data_col(self, dx, w, dy, bias) -> None:

@@ -52,10 +52,16 @@ def conform(out: pathlib.Path) -> dict:
     return res
 
 
+# MobileNetV2's stride-1 14 x 14 depthwise layer (576 channels), not a suite row: Note [depthwise planes] sizes
+EXTRA_ROWS = [{"name": "mbv2-dw3x3-14", "n": 32, "c": 576, "k": 576, "spatial": [14, 14], "kernel": [3, 3],
+               "stride": [1, 1], "padding": [1, 1], "dilation": [1, 1], "groups": 576, "transposed": False,
+               "output_padding": [0, 0], "dtype": "float32", "layout": "nchw"}]
+
+
 def suite_rows() -> dict:
     spec = json.loads(pathlib.Path("portconv/bench/suite.json").read_text())
     want = os.environ.get("DW_ROWS", ",".join(ROWS)).split(",")
-    return {c["name"]: c for c in spec["rows"] if c["name"] in want}
+    return {c["name"]: c for c in spec["rows"] + EXTRA_ROWS if c["name"] in want}
 
 
 def make(c: dict, sets: int = 3):
@@ -154,7 +160,8 @@ def check_full(d, be, plan, x, w, go, conv, args):
     return ((got - ref).norm() / ref.norm()).item()
 
 
-VARIANTS = {"v1": ("v1", "cl"), "v2": ("v2", "cl"), "v3": ("v3", "auto"), "v3cl": ("v3", "cl"), "v3all": ("v3", "all")}
+VARIANTS = {"v1": ("v1", "cl"), "v2": ("v2", "cl"), "v3": ("v3", "auto"), "v3cl": ("v3", "cl"), "v3all": ("v3", "all"),
+            "v4": ("v4", "auto")}  # v4: v3 + Note [depthwise planes]
 HALF = ("float16", "bfloat16")
 KNOBS = {  # variant key: (-D define, the cuda.DW_TILE entries.index the host sizes grids from, 16-bit only)
     "thn": ("PC_DWT_THN", "nchw.0", False), "vwn": ("PC_DWT_VWN", "nchw.1", False), "pf": ("PC_DWT_PF", None, False),
@@ -194,11 +201,12 @@ def set_variant(var: str) -> None:
     """'v3' etc., or 'v3@key=value,...' for the tile kernels compiled with other -D defines (KNOBS: thn, vwn, pf,
     th3, vw3, thc, thc3, vwc, la, fring, frd, di, dila, minb3, dz; thn16, vwn16, pf16, pk, vc, thw4, vww4, ring, rd,
     wminb, nring, q4, qd, cvt (PC_BF16_CVT) for 16-bit dtypes only; dwv: PC_DW_V of the 'rows' kernels; wfin,
-    wfmax: the host's Note [warp finalize] limits; pdl=0: no Note [dependent launch]), the host's grid sizes set to
-    match (grids only size grid-stride loops; the weight gradient
-    splits its units itself)."""
+    wfmax: the host's Note [warp finalize] limits; pdl=0: no Note [dependent launch]; Note [depthwise planes]:
+    planes=UNITS.BLOCKS the host's result columns a chunk and most blocks an SM), the host's grid sizes set to
+    match (grids only size grid-stride loops; the weight gradient splits its units itself)."""
     name, _, shape = var.partition("@")
     os.environ[cuda.DW_ENV], os.environ[cuda.DW_TILE_ENV] = VARIANTS[name]
+    os.environ.pop(cuda.DWP_ENV, None)
     EXTRA.clear()
     cuda.WARP_FINALIZE, cuda.WARP_FINALIZE_MAX = WARP_FINALIZE
     driver = _replay.driver_launch()
@@ -209,6 +217,9 @@ def set_variant(var: str) -> None:
     cuda.DW_V, cuda.DW_V_ROW, cuda.DW_V_WIDE16 = DW_V
     for item in filter(None, shape.split(",")):
         key, _, val = item.partition("=")
+        if key == "planes":  # Note [depthwise planes]: "UNITS.BLOCKS" (read per plan, in its cache key)
+            os.environ[cuda.DWP_ENV] = val.replace(".", ",")
+            continue
         define, mirror, half = KNOBS[key]
         if key == "pdl":  # read when a plan's replay first launches its finalize (a new plan per variant)
             if driver is not None:
