@@ -118,7 +118,8 @@ PC_DEVICE void pc_dw_planes(const pc_conv_args &a, const pc_t *PC_RESTRICT src, 
     for (int i = 0; ch < chunks; ch += (pc_idx)gridDim.x, i ^= 1) {
         const pc_idx p0 = ch * P, np = planes - p0 < P ? planes - p0 : P, nx = ch + (pc_idx)gridDim.x;
         if (nx < chunks) {
-            pc_dwp_copy<true>(buf + (i ^ 1) * inw, src + nx * P * sHW, (planes - nx * P < P ? planes - nx * P : P) * sHW);
+            pc_dwp_copy<true>(buf + (i ^ 1) * inw, src + nx * P * sHW,
+                              (planes - nx * P < P ? planes - nx * P : P) * sHW);
             pc_cp_async_wait<1>();
         } else {
             pc_cp_async_wait<0>();
