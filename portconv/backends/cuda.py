@@ -310,11 +310,17 @@ def depthwise_kernels(view: ConvView, cl: bool = False) -> dict[str, str]:
     return {"fwd": fwd, "bwd_data": bwd_data, "bwd_weight": bwd_weight}
 
 
+def _dwp_env() -> tuple[int, int | None]:
+    """DWP_ENV's (units, blocks an SM), DWP_UNITS and None (DWP_BLOCKS) where it does not say."""
+    units, _, blocks = (os.environ.get(DWP_ENV) or "").partition(",")
+    return int(units or DWP_UNITS), int(blocks) if blocks else None
+
+
 def dw_planes(view: ConvView, direction: str, item: int) -> tuple[int, int]:
     """(planes a chunk, shared bytes they take) of the 'planes' kernel in a direction (Note [depthwise planes])."""
     src, dst = (view.X, view.Y) if direction == "fwd" else (view.Y, view.X)
     s_hw, d_hw = src[1] * src[2], dst[1] * dst[2]
-    target = int((os.environ.get(DWP_ENV) or f"{DWP_UNITS},").split(",")[0])
+    target = _dwp_env()[0]
     p = min(max(1, target // dst[2]), (DWP_MAX_BYTES - 32) // ((2 * s_hw + d_hw) * item))
     q = math.lcm(16 // math.gcd(s_hw * item, 16), 16 // math.gcd(d_hw * item, 16))  # planes a 16-byte step
     p = max(1, p - p % q if p >= q else p)
@@ -328,13 +334,14 @@ def dwp_build(view: ConvView, item: int, arch: str) -> tuple[int, int]:
     need = max(dw_planes(view, d, item)[1] for d in ("fwd", "bwd_data"))
     smem = min(DWP_MAX_BYTES, max(2 * DWP_STEP, -(-need // DWP_STEP) * DWP_STEP))
     sm = 65536 if arch.startswith("gfx") else DWP_SM_BYTES.get(arch, DWP_SM_BYTES_OTHER)
-    env = (os.environ.get(DWP_ENV) or ",").split(",")[1]
-    cap = int(env) if env else DWP_BLOCKS[item]
+    cap = _dwp_env()[1]
+    cap = DWP_BLOCKS[item] if cap is None else cap
     return smem, min(cap, sm // (smem + 1024)) if cap > 0 else 0
 
 
-def planes_dense(t) -> bool:
-    """Note [depthwise planes]: an NCHW tensor whose planes lie back to back (plane n*C + c at (n*C + c)*H*W)."""
+def nchw_dense(t) -> bool:
+    """t is dense in its dimension order (NCHW / NCDHW), extent-1 axes of any stride: plane n*C + c lies at
+    (n*C + c)*H*W (Note [depthwise planes]), and Note [channels-last staging] may copy it as one [N][C][rest] block."""
     shape, st = tuple(t.shape), elem_strides(t)
     want = dense_strides(shape)
     return all(n == 1 or a == b for n, a, b in zip(shape, st, want))
@@ -745,7 +752,7 @@ class _Run:
     def _to_stage(self, direction: str, macs: int, *ts) -> list[bool]:
         """Which of the operands ``ts`` (A, then B; None: never) to stage: the dense NCHW ones that are not
         channel-contiguous already, all of them or none as stage_pays decides."""
-        need = [t is not None and self._dense_nchw(t) and not vector_ok(t, self._item) for t in ts]
+        need = [t is not None and nchw_dense(t) and not vector_ok(t, self._item) for t in ts]
         elems = [math.prod(tuple(t.shape)) for t, n in zip(ts, need) if n]
         return need if stage_pays(macs, elems, direction) else [False] * len(ts)
 
@@ -768,13 +775,21 @@ class _Run:
         self._launch("portconv_stage_transpose", (-(-cols // 32), -(-rows // 32), batch), a, extra)
         return out
 
-    def _dense_nchw(self, t) -> bool:
-        return elem_strides(t) == dense_strides(tuple(t.shape), "contiguous")
-
-    def _planes_grid(self, chunk: int) -> int:
-        """Blocks of a 'planes' launch: dwp_blocks an SM, at most a block a chunk (Note [depthwise planes])."""
-        chunks = -(-(self.view.N * self.view.C) // chunk)
-        return min(chunks, self.units * self.dwp_blocks) if self.dwp_blocks > 0 else chunks
+    def _depthwise_launch(self, direction: str, src, dst) -> tuple[str, tuple[int, int, int], int]:
+        """(kernel suffix, grid, a.chunk) of a 'rows*' / 'tile*' / 'planes' fwd or bwd_data launch: 'planes' where src
+        and dst are NCHW-dense (a chunk of planes a block, dwp_blocks blocks an SM at most: Note [depthwise planes]),
+        else 'rows3s1'."""
+        v, kernel = self.view, self.dw[direction]
+        if kernel == "planes":
+            if nchw_dense(src) and nchw_dense(dst):
+                chunk = dw_planes(v, direction, self._item)[0]
+                blocks = -(-(v.N * v.C) // chunk)
+                if self.dwp_blocks:
+                    blocks = min(blocks, self.units * self.dwp_blocks)
+                return "_planes", (blocks, 1, 1), chunk
+            kernel = "rows3s1"
+        work = depthwise_work(v, direction, kernel, bool(self.flags), self.plan.problem.dtype, self.rows_v)
+        return "_" + kernel, self._elementwise_grid(work), 1
 
     def _elementwise_grid(self, total: int) -> tuple[int, int, int]:
         return (max(1, min(-(-total // THREADS), self.units * 32)), 1, 1)
@@ -804,14 +819,9 @@ class _Run:
                 if sw:
                     w = self._transposed(w, v.K, v.C, v.taps, tuple(w.shape),
                                          dense_strides(tuple(w.shape), "channels_last"), extra)
-        elif self.dw.get("fwd") == "planes" and planes_dense(x) and planes_dense(y):
-            name += "_planes"
-            chunk = dw_planes(v, "fwd", self._item)[0]
-            grid = (self._planes_grid(chunk), 1, 1)
         elif self.dw.get("fwd", "plain") != "plain":
-            name += "_" + ("rows3s1" if self.dw["fwd"] == "planes" else self.dw["fwd"])
-            grid = self._elementwise_grid(depthwise_work(v, "fwd", self.dw["fwd"], bool(self.flags),
-                                                         self.plan.problem.dtype, self.rows_v))
+            suffix, grid, chunk = self._depthwise_launch("fwd", x, y)
+            name += suffix
         else:
             grid = self._elementwise_grid(v.y_positions * v.K)
         a = self._args(x=x, w=w, y=y, b=bias, xs=strides5(x), wst=strides5(w), ys=strides5(y),
@@ -848,14 +858,9 @@ class _Run:
         elif self.alg in IGEMM_ALGS:
             bm, bn, extra = self._igemm_tile(positions, v.C // v.G, v.K // v.G * v.taps)
             grid = (-(-positions // bm), -(-(v.C // v.G) // bn), v.G)
-        elif self.dw.get("bwd_data") == "planes" and planes_dense(dy) and planes_dense(dx):
-            name += "_planes"
-            chunk = dw_planes(v, "bwd_data", self._item)[0]
-            grid = (self._planes_grid(chunk), 1, 1)
         elif self.dw.get("bwd_data", "plain") != "plain":
-            name += "_" + ("rows3s1" if self.dw["bwd_data"] == "planes" else self.dw["bwd_data"])
-            grid = self._elementwise_grid(depthwise_work(v, "bwd_data", self.dw["bwd_data"], bool(self.flags),
-                                                         self.plan.problem.dtype, self.rows_v))
+            suffix, grid, chunk = self._depthwise_launch("bwd_data", dy, dx)
+            name += suffix
         else:
             grid = self._elementwise_grid(positions * v.C)
         a = self._args(x=dx, w=w, y=dy, b=bias, xs=strides5(dx), wst=strides5(w), ys=strides5(dy),
