@@ -5,9 +5,9 @@ floor (bytes of the direction / best 1 GiB copy_ bandwidth measured in the same 
 
 Run from the repository root on a CUDA machine: PYTHONPATH=. python3 scripts/gpu/depthwise_bench.py OUTDIR
 Writes OUTDIR/depthwise.json and OUTDIR/depthwise.md. DW_VARIANTS (default v2,v3,v3all), DW_ROWS (any 2-D or 3-D,
-not transposed suite row), DW_DIRS, DW_RUNS, DW_CONFORM=0 (skip the conformance part). Times are per call (CUDA
-events around one call, median of --runs, inputs rotated over 3 buffer sets), kernel-only (torch.profiler device
-time per call) and held (Note [held stream]).
+not transposed suite row), DW_DTYPES (the rows again in these dtypes), DW_DIRS, DW_RUNS, DW_CONFORM=0 (skip the
+conformance part). Times are per call (CUDA events around one call, median of --runs, inputs rotated over 3 buffer
+sets), kernel-only (torch.profiler device time per call) and held (Note [held stream]).
 """
 from __future__ import annotations
 
@@ -61,7 +61,10 @@ EXTRA_ROWS = [{"name": "mbv2-dw3x3-14", "n": 32, "c": 576, "k": 576, "spatial": 
 def suite_rows() -> dict:
     spec = json.loads(pathlib.Path("portconv/bench/suite.json").read_text())
     want = os.environ.get("DW_ROWS", ",".join(ROWS)).split(",")
-    return {c["name"]: c for c in spec["rows"] + EXTRA_ROWS if c["name"] in want}
+    rows = {c["name"]: c for c in spec["rows"] + EXTRA_ROWS if c["name"] in want}
+    dtypes = [d for d in os.environ.get("DW_DTYPES", "").split(",") if d]  # the rows again in other dtypes
+    return {**rows, **{f"{n}-{d}": {**c, "name": f"{n}-{d}", "dtype": d} for n, c in rows.items() for d in dtypes
+                       if d != c["dtype"]}}
 
 
 def make(c: dict, sets: int = 3):
