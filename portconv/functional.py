@@ -46,7 +46,10 @@ def plan(input, weight, bias=None, stride=1, padding=0, dilation=1, transposed=F
 # takes the slow path, so equal-but-different values never share an entry); the backend request; and
 # plan.call_state() (PORTCONV_* variables, use_backend, tune, the torch flags ATen's route and the checks read).
 # Only calls that passed validation are stored, so bad input always reaches the checks and raises PyTorch's error
-# before any kernel runs. What is not in the key is checked on every call: grad mode and requires_grad.
+# before any kernel runs. What is not in the key is checked on every call: grad mode and requires_grad. pyopencl and
+# cupy arrays take the same path (_array_key: per array exactly what spec_of reads of it, the device by its OpenCL
+# handle or CUDA ordinal); they carry no autograd. On the H100 a tiny conv2d through portconv.conv2d on pyopencl
+# arrays cost 100 us a call without it, against 14 us for Plan.forward (docs/performance/h100-2026-11-26b).
 _fast: dict[tuple, tuple] = {}
 _FAST_MAX = 4096
 _torch = None  # the torch module once it is imported (portconv never imports it for pyopencl/cupy arrays)
@@ -72,11 +75,12 @@ def _fast_key(name: str, input, weight, bias, args: tuple, backend) -> tuple | N
     if _torch is None:
         _torch = sys.modules.get("torch")
         if _torch is None:
-            return None
+            return _array_call_key(name, input, weight, bias, args, backend)
         _tensor_types, _strided = (_torch.Tensor, _torch.nn.Parameter), _torch.strided
     tt = _tensor_types
-    if type(input) not in tt or type(weight) not in tt or not (
-            backend is None or type(backend) is str or type(backend) is BackendId):
+    if type(input) not in tt:
+        return _array_call_key(name, input, weight, bias, args, backend)
+    if type(weight) not in tt or not (backend is None or type(backend) is str or type(backend) is BackendId):
         return None
     try:
         if input.layout is not _strided or weight.layout is not _strided:
@@ -98,11 +102,41 @@ def _fast_key(name: str, input, weight, bias, args: tuple, backend) -> tuple | N
         return None
 
 
+_ARRAY_DEVICE_TYPES = {"pyopencl": "opencl", "cupy": "cuda"}  # TensorSpec.device_type of each array kind
+
+
+def _array_key(x) -> tuple | None:
+    """Note [fast path] for one pyopencl or cupy array: what spec_of reads of it; None for anything else."""
+    mod = (type(x).__module__ or "").partition(".")[0]
+    if mod == "pyopencl":
+        q = x.queue
+        return mod, type(x), x.shape, x.strides, x.dtype, (q.device if q is not None else x.context.devices[0]).int_ptr
+    if mod == "cupy":
+        return mod, type(x), x.shape, x.strides, x.dtype, x.device.id
+    return None
+
+
+def _array_call_key(name: str, input, weight, bias, args: tuple, backend) -> tuple | None:
+    """Note [fast path] for a call on pyopencl or cupy arrays, or None when the call cannot use the cache."""
+    ki, kw = _array_key(input), _array_key(weight)
+    kb = None if bias is None else _array_key(bias)
+    if ki is None or kw is None or (bias is not None and kb is None) or not (
+            backend is None or type(backend) is str or type(backend) is BackendId):
+        return None
+    try:
+        args = tuple(_arg(v) for v in args)
+    except TypeError:
+        return None
+    return name, ki, kw, kb, args, backend, call_state(_ARRAY_DEVICE_TYPES[ki[0]])
+
+
 def _hit(hit, input, weight, bias):
     """Run a cached call: the plan (None: ATen's Empty problem), autograd when a gradient is wanted."""
     p, params = hit[0], hit[1]
     if p is None:
         return validate.empty_forward(input, weight, bias, params)
+    if type(input) not in _tensor_types:  # a pyopencl or cupy array
+        return p.impl.forward(p, input, weight, bias)
     if _torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad
                                      or (bias is not None and bias.requires_grad)):
         from .autograd import ConvFunction

@@ -283,7 +283,7 @@ def test_non_default_device(gpu):
     assert_close(y, reference(x, w, b, p, torch.zeros(y.shape))[0], torch.float32, "output on cuda:1")
 
 
-def test_cupy_arrays_in_and_out(gpu):
+def test_cupy_arrays_in_and_out(gpu, monkeypatch):
     cupy = pytest.importorskip("cupy")
     x, w, b, p = _make((2, 6, 11, 11), (12, 6, 3, 3), dict(padding=1, stride=2), "contig", torch.float32, gpu)
     xc, wc, bc = (cupy.asarray(t.cpu().numpy()) for t in (x, w, b))
@@ -291,6 +291,13 @@ def test_cupy_arrays_in_and_out(gpu):
     assert isinstance(y, cupy.ndarray) and y.device.id == gpu.index
     assert_close(torch.from_numpy(cupy.asnumpy(y)), reference(x, w, b, p, torch.zeros(1, 12, 6, 6))[0],
                  torch.float32, "cupy output")
+    from portconv import functional  # Note [fast path]: a repeated call runs the cached plan, same numbers
+
+    assert functional._fast_key("conv2d", xc, wc, bc, (2, 1, 1, 1, 0), "cuda") in functional._fast
+    for name in ("make_problem", "select"):
+        monkeypatch.setattr(functional, name, lambda *a, **k: pytest.fail("validated and planned again"))
+    y2 = portconv.conv2d(xc, wc, bc, padding=1, stride=2, backend="cuda")
+    assert isinstance(y2, cupy.ndarray) and bool((y2 == y).all())
 
 
 def test_index64_variant(gpu, monkeypatch):

@@ -794,6 +794,57 @@ def test_replay_split_reduction_poison_and_fallbacks(monkeypatch):
     assert len(plan.state[("opencl-replay", mask)]) <= 4  # bounded: at most MAX_REPLAYS recordings
 
 
+def test_fast_path_on_pyopencl_arrays(monkeypatch):
+    """Note [fast path] on pyopencl arrays: a repeated portconv.conv2d (batched or not) skips validation and planning
+    and runs the same plan; bad input after a cached call still gets PyTorch's error before any kernel runs; another
+    dtype gets its own entry."""
+    import numpy as np
+    import pyopencl as cl
+    import pyopencl.array as cla
+
+    from portconv import functional
+    from portconv.plan import clear_cache
+
+    clear_cache()
+    x, w, b, p = _dw_case((4, 12, 16), (3, 3), n=2)
+    dev = next(e[2] for e in rt.all_devices() if e[:2] == rt.default_index())
+    q = cl.CommandQueue(cl.Context([dev]))
+    xa, wa, ba = (cla.to_device(q, t.numpy()) for t in (x, w, b))
+    kw = dict(padding=1, groups=4, backend="opencl")
+    ref = reference(x, w, b, p, None)[0]
+    first = portconv.conv2d(xa, wa, ba, **kw), portconv.conv2d(xa[0], wa, ba, **kw)
+    key = functional._fast_key("conv2d", xa, wa, ba, (1, 1, 1, 4, 0), "opencl")
+    assert key is not None and key in functional._fast
+
+    def again(*a, **k):
+        raise AssertionError("validated and planned again")
+
+    with monkeypatch.context() as m:  # (undo() would also drop the autouse fixture's settings, part of the key)
+        m.setattr(functional, "make_problem", again)
+        m.setattr(functional, "select", again)
+        for _ in range(2):
+            y, y0 = portconv.conv2d(xa, wa, ba, **kw), portconv.conv2d(xa[0], wa, ba, **kw)
+            check(_to_torch(y), ref, torch.float32, "cached output")
+            check(_to_torch(y0), ref[0], torch.float32, "cached unbatched output")
+    assert torch.equal(_to_torch(first[0]), _to_torch(y)) and torch.equal(_to_torch(first[1]), _to_torch(y0))
+    ran = []
+    impl = get("opencl")
+    monkeypatch.setattr(type(impl), "forward", lambda *a, **k: ran.append(a))
+    bad = {"channels": (x[:, :3].contiguous(), w, b), "bias dtype": (x, w, b.double()),
+           "input dtype, same strides": (x.int(), w, b)}
+    for what, ts in bad.items():
+        with pytest.raises(RuntimeError) as want:
+            F.conv2d(*ts, padding=1, groups=4)
+        arrays = [cla.to_device(q, t.numpy()) for t in ts]
+        for _ in range(2):  # never cached: checked again each time
+            with pytest.raises(RuntimeError) as got:
+                portconv.conv2d(*arrays, **kw)
+            assert str(got.value) == str(want.value), what
+    assert ran == []  # the checks came before any kernel
+    assert functional._fast_key("conv2d", xa.astype(np.float64), wa, ba, (1, 1, 1, 4, 0), "opencl") != key
+    assert functional._fast_key("conv2d", xa, wa, ba, (1.0, 1, 1, 4, 0), "opencl") is None
+
+
 def test_replay_waits_for_the_arrays_events():
     """An input written by a command still queued on another queue: the replayed launch waits for its event."""
     import numpy as np
