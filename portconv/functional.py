@@ -8,7 +8,7 @@ from . import validate
 from .backends import BackendId, Problem
 from .params import ConvParams
 from .plan import Plan, _clear_hooks, call_state, select
-from .tensors import spec_of
+from .tensors import ARRAY_DEVICE_TYPES, array_key, spec_of
 
 
 def _is_torch(x) -> bool:
@@ -47,8 +47,8 @@ def plan(input, weight, bias=None, stride=1, padding=0, dilation=1, transposed=F
 # plan.call_state() (PORTCONV_* variables, use_backend, tune, the torch flags ATen's route and the checks read).
 # Only calls that passed validation are stored, so bad input always reaches the checks and raises PyTorch's error
 # before any kernel runs. What is not in the key is checked on every call: grad mode and requires_grad. pyopencl and
-# cupy arrays take the same path (_array_key: per array exactly what spec_of reads of it, the device by its OpenCL
-# handle or CUDA ordinal); they carry no autograd. On the H100 a tiny conv2d through portconv.conv2d on pyopencl
+# cupy arrays take the same path (tensors.array_key: per array exactly what spec_of reads of it, the device by its
+# OpenCL handle or CUDA ordinal); they carry no autograd. On the H100 a tiny conv2d through portconv.conv2d on pyopencl
 # arrays cost 100 us a call without it, against 14 us for Plan.forward (docs/performance/h100-2026-11-26b).
 _fast: dict[tuple, tuple] = {}
 _FAST_MAX = 4096
@@ -69,6 +69,19 @@ def _arg(v):
     raise TypeError  # not cacheable: the slow path decides
 
 
+def _key_args(args: tuple) -> tuple:
+    """The call's arguments as part of a key: as they are when all are ints, else through _arg (TypeError: not
+    cacheable)."""
+    for v in args:
+        if type(v) is not int:
+            return tuple(_arg(v) for v in args)
+    return args
+
+
+def _keyable_backend(backend) -> bool:
+    return backend is None or type(backend) is str or type(backend) is BackendId
+
+
 def _fast_key(name: str, input, weight, bias, args: tuple, backend) -> tuple | None:
     """Note [fast path]: the cache key of one call, or None when the call cannot use the cache."""
     global _torch, _tensor_types, _strided
@@ -80,7 +93,7 @@ def _fast_key(name: str, input, weight, bias, args: tuple, backend) -> tuple | N
     tt = _tensor_types
     if type(input) not in tt:
         return _array_call_key(name, input, weight, bias, args, backend)
-    if type(weight) not in tt or not (backend is None or type(backend) is str or type(backend) is BackendId):
+    if type(weight) not in tt or not _keyable_backend(backend):
         return None
     try:
         if input.layout is not _strided or weight.layout is not _strided:
@@ -91,10 +104,7 @@ def _fast_key(name: str, input, weight, bias, args: tuple, backend) -> tuple | N
             b = (type(bias), bias.shape, bias.stride(), bias.dtype, bias.device)
         else:
             return None
-        for v in args:
-            if type(v) is not int:
-                args = tuple(_arg(v) for v in args)
-                break
+        args = _key_args(args)
         dev = input.device
         return (name, type(input), input.shape, input.stride(), input.dtype, dev, type(weight), weight.shape,
                 weight.stride(), weight.dtype, weight.device, b, args, backend, call_state(dev.type))
@@ -102,32 +112,17 @@ def _fast_key(name: str, input, weight, bias, args: tuple, backend) -> tuple | N
         return None
 
 
-_ARRAY_DEVICE_TYPES = {"pyopencl": "opencl", "cupy": "cuda"}  # TensorSpec.device_type of each array kind
-
-
-def _array_key(x) -> tuple | None:
-    """Note [fast path] for one pyopencl or cupy array: what spec_of reads of it; None for anything else."""
-    mod = (type(x).__module__ or "").partition(".")[0]
-    if mod == "pyopencl":
-        q = x.queue
-        return mod, type(x), x.shape, x.strides, x.dtype, (q.device if q is not None else x.context.devices[0]).int_ptr
-    if mod == "cupy":
-        return mod, type(x), x.shape, x.strides, x.dtype, x.device.id
-    return None
-
-
 def _array_call_key(name: str, input, weight, bias, args: tuple, backend) -> tuple | None:
     """Note [fast path] for a call on pyopencl or cupy arrays, or None when the call cannot use the cache."""
-    ki, kw = _array_key(input), _array_key(weight)
-    kb = None if bias is None else _array_key(bias)
-    if ki is None or kw is None or (bias is not None and kb is None) or not (
-            backend is None or type(backend) is str or type(backend) is BackendId):
+    ki, kw = array_key(input), array_key(weight)
+    kb = None if bias is None else array_key(bias)
+    if ki is None or kw is None or (bias is not None and kb is None) or not _keyable_backend(backend):
         return None
     try:
-        args = tuple(_arg(v) for v in args)
+        args = _key_args(args)
     except TypeError:
         return None
-    return name, ki, kw, kb, args, backend, call_state(_ARRAY_DEVICE_TYPES[ki[0]])
+    return name, ki, kw, kb, args, backend, call_state(ARRAY_DEVICE_TYPES[ki[0]])
 
 
 def _hit(hit, input, weight, bias):

@@ -112,11 +112,30 @@ def torch_dtype_name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+ARRAY_DEVICE_TYPES = {"pyopencl": "opencl", "cupy": "cuda"}  # TensorSpec.device_type of each array kind
+
+
+def _opencl_device(x):
+    """A pyopencl array's device: its queue's, else its context's first (pyopencl is loaded: x is an array)."""
+    return x.queue.device if x.queue is not None else x.context.devices[0]
+
+
 def _opencl_index(x) -> int:
-    """A pyopencl array's device as its position among all OpenCL devices (pyopencl is loaded: x is an array)."""
+    """A pyopencl array's device as its position among all OpenCL devices."""
     from .backends._cl_runtime import flat_index
 
-    return flat_index(x.queue.device if x.queue is not None else x.context.devices[0])
+    return flat_index(_opencl_device(x))
+
+
+def array_key(x) -> tuple | None:
+    """Everything spec_of reads of a pyopencl or cupy array, hashable and cheap (Note [fast path] in functional.py):
+    (kind, type, shape, byte strides, dtype, the device's OpenCL handle or CUDA ordinal); None for anything else."""
+    kind = (type(x).__module__ or "").partition(".")[0]
+    if kind == "pyopencl":
+        return kind, type(x), x.shape, x.strides, x.dtype, _opencl_device(x).int_ptr
+    if kind == "cupy":
+        return kind, type(x), x.shape, x.strides, x.dtype, x.device.id
+    return None
 
 
 def spec_of(x) -> TensorSpec:
@@ -128,10 +147,11 @@ def spec_of(x) -> TensorSpec:
     if mod.startswith("pyopencl"):
         item = x.dtype.itemsize
         dt = _NUMPY_TO_TORCH.get(x.dtype.name, x.dtype.name)
-        return TensorSpec(tuple(x.shape), tuple(s // item for s in x.strides), dt, "opencl", _opencl_index(x),
-                          "pyopencl")
+        return TensorSpec(tuple(x.shape), tuple(s // item for s in x.strides), dt, ARRAY_DEVICE_TYPES["pyopencl"],
+                          _opencl_index(x), "pyopencl")
     if mod.startswith("cupy"):
         item = x.dtype.itemsize
         dt = _NUMPY_TO_TORCH.get(x.dtype.name, x.dtype.name)
-        return TensorSpec(tuple(x.shape), tuple(s // item for s in x.strides), dt, "cuda", x.device.id, "cupy")
+        return TensorSpec(tuple(x.shape), tuple(s // item for s in x.strides), dt, ARRAY_DEVICE_TYPES["cupy"],
+                          x.device.id, "cupy")
     raise TypeError(f"portconv takes torch tensors, pyopencl arrays or cupy arrays, not {type(x).__name__}")

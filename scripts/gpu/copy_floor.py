@@ -68,8 +68,9 @@ class Raw:
         import cupy
 
         self.cupy = cupy
-        self.copies = {u: cupy.RawModule(code=COPY, options=(f"-DU={u}",)).get_function("copy16") for u in (1, 2, 4, 8)}
-        self.empty_fn = cupy.RawModule(code=COPY, options=("-DU=1",)).get_function("empty")
+        mods = {u: cupy.RawModule(code=COPY, options=(f"-DU={u}",)) for u in (1, 2, 4, 8)}
+        self.copies = {u: m.get_function("copy16") for u, m in mods.items()}
+        self.empty_fn = mods[1].get_function("empty")
         self.sms = torch.cuda.get_device_properties(0).multi_processor_count
 
     def stream(self):
