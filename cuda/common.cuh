@@ -12,7 +12,7 @@
  */
 #pragma once
 
-/* The host packs this block as int64 values in exactly this order (portconv/backends/cuda.py, ARG_FIELDS;
+/* The host packs this block as int64 values in exactly this order (portconv/backends/simt/view.py, ARG_FIELDS;
  * tests/test_cuda_compile.py checks that the two lists agree). Passed by value as one kernel argument. */
 struct pc_conv_args {
     long long x, w, y, b, ws;   /* device addresses of X, W, Y, bias (or grad_bias), fp32/fp64 workspace */

@@ -1,23 +1,15 @@
 /* portconv kernel bodies: depthwise convolution (groups == C, K = m*C), all three directions (vendor-neutral).
  *
- * The channel multiplier m = K/C; output channel k reads input channel k/m. Forward and backward-data per element
- * run the direct bodies; backward-weight keeps PC_DW_TAPS taps of one output channel in registers so every dY
- * element is read once per tap chunk instead of once per tap.
+ * The channel multiplier m = K/C; output channel k reads input channel k/m. Forward and backward-data run the strip
+ * kernels of conv_depthwise_rows.cuh (any filter) or the tile and planes kernels; the per-element weight gradient
+ * here, for filters the 'rows' weight gradients do not take, keeps PC_DW_TAPS taps of one output channel in
+ * registers so every dY element is read once per tap chunk instead of once per tap.
  */
 #pragma once
-
-#define PC_DIRECT_BODIES_ONLY
-#include "conv_direct.cuh"
-#undef PC_DIRECT_BODIES_ONLY
 
 #ifndef PC_DW_TAPS
 #define PC_DW_TAPS 9
 #endif
-
-/* Forward and backward-data per element are the direct kernels' bodies: with groups == C their channel loops are
- * one long (forward) and m long (backward-data), exactly the loops a separate depthwise body would run. */
-PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_fwd(const pc_conv_args a) { pc_direct_fwd(a); }
-PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_data(const pc_conv_args a) { pc_direct_bwd_data(a); }
 
 /* dW[k, 0, r] = sum over (n, o) of dY[n, k, o] * X[n, k/m, o*S - P + r*DL]. Grid (K * ceil(taps/PC_DW_TAPS),
  * splits): a block owns PC_DW_TAPS taps of one channel and one split of the N*Y0*Y1*Y2 positions. */

@@ -13,22 +13,22 @@
  * Every global access is a coalesced 16-byte vector wherever the run's ends are aligned (else one element a thread).
  * 3x3 taps, dilation 1, stride 1, channel multiplier 1. Backward-data is the same body over dY with the filter
  * flipped and padding 2 - P (FLIP); it adds the bias of a transposed forward as the forward adds its own. The host
- * (cuda.py dw_planes) picks P, passes it in a.chunk, sizes the grid, and builds the module with the shared memory
- * (PC_DWP_BYTES) and resident blocks (PC_DWP_MINB) of the view.
+ * (simt/depthwise.py dw_planes) picks P, passes it in a.chunk, sizes the grid, and builds the module with the shared
+ * memory (PC_DWP_BYTES) and resident blocks (PC_DWP_MINB) of the view.
  *
  * Note [plane columns]: a thread walks down a result column with the 3 x 3 source window in registers, so a result
  * costs 3 shared loads (one new source row) and 9 products; the column's bounds are tested once, a row's once a
- * step. Row strips of PC_DW_V (the 'rows' kernels' unit) measured slower: on an H200, 7x7 planes 0.0076 against
- * 0.0073 ms forward, 14x14 planes 0.0244 against 0.0125 (docs/performance/notes-depthwise-v3.md "v12").
+ * step. Row strips of PC_DW_V (the 'rows' kernels' unit) measured slower: on an H200, 14x14 planes 1.95x the time
+ * of columns forward (docs/kernels/depthwise.md).
  */
 #pragma once
 
 #ifndef PC_DWP_BYTES
-#define PC_DWP_BYTES 49152 /* shared memory of a block: 2 x P source planes, P result planes (cuda.py dwp_build) */
+#define PC_DWP_BYTES 49152 /* shared memory of a block: 2 x P source planes, P result planes (dwp_build) */
 #endif
 
 #ifndef PC_DWP_MINB
-#define PC_DWP_MINB 4 /* resident blocks an SM asked of ptxas (cuda.py dwp_build: those the grid is sized for) */
+#define PC_DWP_MINB 4 /* resident blocks an SM asked of ptxas (dwp_build: those the grid is sized for) */
 #endif
 
 typedef pc_vec<unsigned, 4> pc_dwp_v16;

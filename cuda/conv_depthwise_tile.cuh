@@ -1,4 +1,4 @@
-/* portconv kernel bodies: depthwise "tile" kernels (v3), a TH x VW output tile of VC channels per thread,
+/* portconv kernel bodies: depthwise "tile" kernels, a TH x VW output tile of VC channels per thread,
  * vectorised over channels in channels-last layouts.
  *
  * Note [depthwise tile]: for 3 x 3 in-plane filters (axes 1 and 2 of the view: 3 taps, dilation 1, the same
@@ -25,7 +25,7 @@
 #pragma once
 
 /* Tile shapes: output rows (TH) x columns (VW) per thread of the fwd / bwd-data kernels, per family; [key] is
- * cuda.py's DW_TILE entry that mirrors them. Measured on an H100: docs/performance/notes-depthwise-v3.md. */
+ * the DW_TILE entry of portconv/backends/simt/depthwise.py that mirrors them (evidence: docs/kernels/depthwise.md). */
 #ifndef PC_DWT_THN
 #define PC_DWT_THN 8 /* [nchw] 2-D NCHW ('tilen'), float32 / float64 */
 #endif
@@ -45,25 +45,13 @@
 #define PC_DWT_VW3 2 /* 2 since Note [depth taps inner] (4 there: 40 bytes spilled, no room for its row lookahead) */
 #endif
 #ifndef PC_DWT_THC
-#define PC_DWT_THC 14 /* [cl] 2-D channels-last ('tile'), rolling window; 14 divides 56 and 112 (16: notes "v9") */
+#define PC_DWT_THC 14 /* [cl] 2-D channels-last ('tile'), rolling window; 14 divides 56 and 112 */
 #endif
 #ifndef PC_DWT_THC3
 #define PC_DWT_THC3 4 /* [cl3d] 3-D channels-last ('tile3d') */
 #endif
 #ifndef PC_DWT_VWC
 #define PC_DWT_VWC 2 /* columns of both channels-last families */
-#endif
-#ifndef PC_DWT_PF
-#define PC_DWT_PF 1 /* [nchw] stride 1: all TH + 2 source rows of a tile loaded up front (else a rolling window) */
-#endif
-#ifndef PC_DWT_PF16
-#define PC_DWT_PF16 0 /* [nchw16] the same: off, the rolling window is faster there (fewer registers) */
-#endif
-#ifndef PC_DWT_PK
-#define PC_DWT_PK 1 /* Note [packed rows] on (experiments: 0) */
-#endif
-#ifndef PC_DWT_DI
-#define PC_DWT_DI 1 /* Note [depth taps inner] (experiments: 0) */
 #endif
 #ifndef PC_DWT_3MINB
 /* blocks an SM the 3-D NCHW stride-1 kernels ask ptxas for: 2 (at most 128 registers) but for float64 and 64-bit
@@ -72,12 +60,6 @@
 #endif
 #ifndef PC_DWT_DZ
 #define PC_DWT_DZ 2 /* output planes (axis 0) a thread of that path: 2 share 2 of their 4 source planes */
-#endif
-#ifndef PC_DWT_DILA
-#define PC_DWT_DILA 1 /* its row lookahead (with 4 columns: 160 bytes spilled, 0.286 -> 0.384 ms; "v10") */
-#endif
-#ifndef PC_DWT_LA
-#define PC_DWT_LA 1 /* Note [row lookahead] on (experiments: 0) */
 #endif
 /* Weight gradient (channels-last): rows x columns per unit and whether its X rows roll, per channels per thread:
  * 4 channels (16-bit types): 8 x 2 rolling; fewer: 2 x 4 with every row loaded up front. */
@@ -109,7 +91,7 @@
 #endif
 #define PC_DWT_THW(VC) ((VC) >= 4 ? PC_DWT_THW4 : 2)
 #define PC_DWT_VWW(VC) ((VC) >= 4 ? PC_DWT_VWW4 : 4)
-#define PC_DWT_THREADS 256 /* block size of the weight gradient (cuda.py THREADS) */
+#define PC_DWT_THREADS 256 /* block size of the weight gradient (simt/view.py THREADS) */
 /* Note [two weight blocks]: resident blocks per SM the 2-D weight-gradient kernels ask ptxas for (16-bit types:
  * 2, i.e. at most 128 registers; NVRTC gave them 130 uncapped, one block and 8 warps an SM). */
 #ifndef PC_DWT_WMINB
@@ -142,7 +124,7 @@ PC_DEVICE bool pc_dwt_vec_ok(const pc_conv_args &a) {
  * of X, Y and dY is even and the bases are 4-byte aligned, so the pair (2k, 2k + 1) of any row is one aligned
  * access. A window row starts at b2 = d2s * S - P2 (d2s a multiple of the even VW), so its parity is P2's: uniform
  * over the launch and a template argument (PK = 1 even, 2 odd). Pairs that cross the row's ends load element-wise.
- * Measured in docs/performance/notes-depthwise-v3.md "v5". */
+ * (H100, mbv2-dw3x3-bf16 forward: 1.15x over one element an access; docs/kernels/depthwise.md.) */
 PC_DEVICE bool pc_dwt_pk_ok(const pc_conv_args &a) {
     bool ok = sizeof(pc_t) == 2 && a.xs[4] == 1 && a.ys[4] == 1 && a.x % 4 == 0 && a.y % 4 == 0;
     for (int i = 0; i < 4; ++i) ok = ok && a.xs[i] % 2 == 0 && a.ys[i] % 2 == 0;
@@ -151,12 +133,10 @@ PC_DEVICE bool pc_dwt_pk_ok(const pc_conv_args &a) {
 
 /* Note [row lookahead]: the rolling window loads the source rows of tile row t just before its FMAs use them, so
  * each row's loads wait out a full memory latency (ncu on the bf16 NCHW forward: half the stall cycles were L1TEX
- * scoreboard waits at 40% occupancy). With PC_DWT_LA the S new rows of tile row t + 1 are loaded into S extra
- * window rows before row t's FMAs, so their latency overlaps row t's arithmetic; the roll then shifts by S over 3
- * rows. S * WIN * VC more registers than the plain window, far fewer than loading all TH + 2 rows up front (PF).
- * Measured on an H100 (docs/performance/notes-depthwise-v3.md "v5"): bf16 channels-last forward 6% and
- * backward-data 3% faster, float32 NCHW stride-2 forward 3%, 3-D NCHW forward 5% (backward-data 2% slower), the
- * bf16 NCHW forward unchanged (its loads were already scheduled early: same time, same 64 registers). */
+ * scoreboard waits at 40% occupancy). Here the S new rows of tile row t + 1 are loaded into S extra window rows
+ * before row t's FMAs, so their latency overlaps row t's arithmetic; the roll then shifts by S over 3 rows.
+ * S * WIN * VC more registers than the plain window, far fewer than loading all TH + 2 rows up front (PF).
+ * (H100, bf16 channels-last forward: 1.07x; docs/kernels/depthwise.md.) */
 
 /* One window row through pairs (Note [packed rows]): r[t] = src[base + b2 + t], zero outside [0, E2) or where !ok;
  * base is even and b2 & 1 == PK - 1. */
@@ -391,8 +371,8 @@ PC_DEVICE constexpr int pc_dwt_ring_bytes(bool on) {
 /* Note [async row ring] in the 2-D forward / stride-1 backward-data: the tile's NR source rows stream through RD
  * slots, RD - 1 rows ahead of the row being multiplied, in place of the register lookahead; each output row is
  * stored when its three source rows are in. Slots hold WIN vectors of VC channels (channels-last, PC_DWT_FRING) or
- * (WIN + PK) / 2 aligned pairs of a 16-bit NCHW row (Note [packed rows], PC_DWT_NRING). Measured in
- * docs/performance/notes-depthwise-v3.md "v6" and "v7" (float32 rows and 3-D tiles: slower, not kept). */
+ * (WIN + PK) / 2 aligned pairs of a 16-bit NCHW row (Note [packed rows], PC_DWT_NRING). Float32 rows and 3-D
+ * tiles were slower with it (docs/kernels/depthwise.md). */
 template <int S, int VC, int VW, int TH, int RD, int PK>
 PC_DEVICE void pc_dwt_conv_ring(const pc_t *PC_RESTRICT src, pc_idx rb, pc_idx b1, pc_idx b2, pc_idx E1, pc_idx E2,
                                 pc_idx ss3, pc_idx ss4, const pc_acc_t (&wv)[3][3][VC], const pc_acc_t (&bias)[VC],
@@ -510,7 +490,7 @@ PC_DEVICE void pc_dwt_conv(const pc_conv_args &a, void *pool) {
             /* PF: all TH + 2 source rows are loaded up front (every load of the tile in flight at once); else a
              * rolling window: before tile row t, row[0 .. 2-S] hold source rows b1 + S*t + 0 .. 2-S; LA: Note
              * [row lookahead] */
-            constexpr bool LA = !PF && PC_DWT_LA;
+            constexpr bool LA = !PF;
             constexpr int NR = PF ? TH + 2 : LA ? 3 + S : 3;
             pc_acc_t row[NR][WIN][VC];
 #pragma unroll
@@ -554,12 +534,10 @@ PC_DEVICE void pc_dwt_conv(const pc_conv_args &a, void *pool) {
  * 4 pair copies of a ring and per-pair bounds and odd-length branches: nvcc sm_90 gave it ~2200 instructions a thread
  * for an 8 x 4 tile (ncu: 31.2M on mbv2-dw3x3-bf16, issue 77% of cycles). Here the PC_DWT_QD source rows ahead of
  * the one being multiplied stay raw (2 + 2 registers a row) and are widened once, into a 3-row window. Tile
- * PC_DWT_THN16 x 4, as the host sizes the grid. Measured in docs/performance/notes-depthwise-v3.md "v11". */
-#ifndef PC_DWT_Q4
-#define PC_DWT_Q4 1 /* on (experiments: 0, the Note [packed rows] walk) */
-#endif
+ * PC_DWT_THN16 x 4, as the host sizes the grid (H100, mbv2-dw3x3-bf16 forward: 1.31x over the packed-rows walk;
+ * docs/kernels/depthwise.md). */
 #ifndef PC_DWT_QD
-#define PC_DWT_QD 4 /* raw source rows in flight ahead of the one multiplied (all TH + 2: 102 registers, slower; "v11") */
+#define PC_DWT_QD 4 /* raw source rows in flight ahead of the one multiplied (all TH + 2: 102 registers, slower) */
 #endif
 
 PC_DEVICE bool pc_dwt_q4_ok(const pc_conv_args &a) {
@@ -627,13 +605,13 @@ PC_DEVICE void pc_dwt_conv_q4(const pc_conv_args &a) {
  * two of their source planes and a thread reads 4 planes for 2 outputs where pc_dwt_conv reads 3 for 1 (a third
  * fewer loads through L1; ncu had its load path 72% busy at 39% of DRAM bandwidth). Each output row is finished
  * and stored before the next, so 2 x VW accumulators live instead of TH x VW. A source plane outside the input
- * gets an empty row range and reads as zeros; taps past R0 have zero weights. Measured in notes-depthwise-v3.md
- * "v10" (H100, forward / backward-data kern): 0.307 / 0.311 ms before; 8 x 4 tiles 0.286 / 0.282 (40 bytes spilled
- * at 128 registers, so no row lookahead); 8 x 2 with Note [row lookahead] 0.247 / 0.274 (no spill), the default. */
+ * gets an empty row range and reads as zeros; taps past R0 have zero weights. Tiles are 8 x 2 with Note [row
+ * lookahead] (8 x 4 spilled at 128 registers and left no room for it; H100 dw3d-3x3x3 forward 1.24x over one plane
+ * a thread; docs/kernels/depthwise.md). */
 template <int S, bool BWD, int VW, int TH, int DZ>
 PC_DEVICE void pc_dwt_conv3i(const pc_conv_args &a) {
     constexpr int WIN = (VW - 1) * S + 3, NP = DZ + 2; /* DZ output planes of a thread read NP source planes */
-    constexpr bool LA = PC_DWT_LA && PC_DWT_DILA;
+    constexpr bool LA = true; /* Note [row lookahead] */
     constexpr int NR = LA ? 3 + S : 3;
     PC_DWT_WALK_LOCALS(BWD);
     const pc_idx R0 = (pc_idx)a.R[0], P0 = (pc_idx)a.P[0];
@@ -694,20 +672,22 @@ PC_DEVICE void pc_dwt_conv_any(const pc_conv_args &a) {
     constexpr bool N16 = !CLV && ONE0 && sizeof(pc_t) == 2; /* Note [packed rows] */
     constexpr int VW = CLV ? PC_DWT_VWC : !ONE0 ? PC_DWT_VW3 : N16 ? PC_DWT_VWN16 : PC_DWT_VWN;
     constexpr int TH = CLV ? (ONE0 ? PC_DWT_THC : PC_DWT_THC3) : !ONE0 ? PC_DWT_TH3 : N16 ? PC_DWT_THN16 : PC_DWT_THN;
-    constexpr bool PF = !CLV && ONE0 && S == 1 && (N16 ? PC_DWT_PF16 : PC_DWT_PF); /* channels-last rolls its window */
+    /* PF: all TH + 2 rows up front for 2-D NCHW float32 / float64 at stride 1; 16-bit rows (fewer registers) and
+     * channels-last roll their window */
+    constexpr bool PF = !CLV && ONE0 && S == 1 && !N16;
     /* Note [async row ring]: 2-D channels-last vectors or 2-D NCHW packed 16-bit rows; one pool per kernel */
     constexpr bool RV = CLV && ONE0 && VC > 1 && PC_DWT_FRING;
-    constexpr bool RP = N16 && S == 1 && !PF && VW % 2 == 0 && PC_DWT_PK && PC_DWT_NRING; /* stride 2: not measured */
+    constexpr bool RP = N16 && S == 1 && !PF && VW % 2 == 0 && PC_DWT_NRING; /* stride 2: not measured */
     constexpr int B0 = pc_dwt_ring_bytes<S, VC, VW, 0>(RV), B1 = pc_dwt_ring_bytes<S, 1, VW, 2>(RP);
     constexpr int B = B0 > B1 ? B0 : B1;
     PC_SHARED pc_vec<unsigned, 4> pool[B > 0 ? B / 16 : 1];
-    if (!CLV && !ONE0 && S == 1 && PC_DWT_DI && a.R[0] <= 3 && a.S[0] == 1 && a.DL[0] == 1) /* [depth taps inner] */
+    if (!CLV && !ONE0 && S == 1 && a.R[0] <= 3 && a.S[0] == 1 && a.DL[0] == 1) /* Note [depth taps inner] */
         pc_dwt_conv3i<S, BWD, VW, TH, PC_DWT_DZ>(a);
     else if (CLV && VC > 1 && pc_dwt_vec_ok<VC>(a))
         pc_dwt_conv<S, BWD, (CLV ? VC : 1), ONE0, VW, TH, PF, 0, RV>(a, pool);
-    else if (N16 && S == 1 && PC_DWT_Q4 && pc_dwt_q4_ok(a)) /* Note [quad rows] */
+    else if (N16 && S == 1 && pc_dwt_q4_ok(a)) /* Note [quad rows] */
         pc_dwt_conv_q4<BWD>(a);
-    else if (N16 && VW % 2 == 0 && PC_DWT_PK && pc_dwt_pk_ok(a)) /* b2's parity is P2's (stride-1 bwd: 2 - P2) */
+    else if (N16 && VW % 2 == 0 && pc_dwt_pk_ok(a)) /* b2's parity is P2's (stride-1 bwd: 2 - P2) */
         (a.P[2] & 1) ? pc_dwt_conv<S, BWD, 1, ONE0, VW, TH, PF, 2, RP>(a, pool)
                      : pc_dwt_conv<S, BWD, 1, ONE0, VW, TH, PF, 1, RP>(a, pool);
     else
@@ -717,7 +697,7 @@ PC_DEVICE void pc_dwt_conv_any(const pc_conv_args &a) {
 /* Weight gradient, channels-last, R0C x 3 x 3 filters (R0C = 1 or 3, dilation 1 on axis 0 when 3), in-plane
  * stride S. Grid (channel tiles, a.splits); the (n, o0, row tile, strip) units are shared out evenly over the
  * splits here (not from a.chunk), so the unit shape of each VC is the kernel's business alone. */
-/* Channel groups per block of the weight gradient (cuda.py's depthwise_weight_grid computes the same): 16 or 8,
+/* Channel groups per block of the weight gradient (simt/depthwise.py depthwise_weight_grid computes the same): 16 or 8,
  * so a block holds 16 or 32 position groups, and the splits (each a pass of portconv_split_finalize) stay few. */
 PC_DEVICE pc_idx pc_dwt_channel_tile(pc_idx CV) { return CV % 16 == 0 ? 16 : CV < 8 ? CV : 8; }
 
@@ -726,7 +706,7 @@ PC_DEVICE pc_idx pc_dwt_channel_tile(pc_idx CV) { return CV % 16 == 0 ? 16 : CV 
  * vectors and, where q >= 2 and (q - 2) % S == 0, dY row (q - 2) / S's VW vectors. Each thread copies its own steps
  * into its own slots of a shared-memory ring with the prelude's pc_cp_async (Note [async copies]; zeros outside the
  * image), RD - 1 steps ahead of the step it multiplies: the loads are in flight without holding registers, where
- * a register lookahead (v5) cost 33 registers and half the blocks. The stream runs across units (v7): the last
+ * a register lookahead cost 33 registers and half the blocks. The stream runs across units: the last
  * steps of a unit issue the first steps of the thread's next unit, so no unit starts with an empty ring; only the
  * issuing side keeps a unit's addresses. No thread reads another's slot, so no barrier is needed until the ring's
  * memory is reused for the reduction. Where the copies are synchronous (PC_ASYNC_COPY 0) the ring is off by default

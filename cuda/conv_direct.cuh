@@ -5,8 +5,7 @@
  */
 #pragma once
 
-/* Y[n, k, o] = sum over (c, r) of X[n, g*Cg + c, o*S - P + r*DL] * W[k, c, r] (+ bias[k]). Also the per-element
- * depthwise forward (Cg = 1, Kg = the channel multiplier: cuda/conv_depthwise.cuh). */
+/* Y[n, k, o] = sum over (c, r) of X[n, g*Cg + c, o*S - P + r*DL] * W[k, c, r] (+ bias[k]). */
 PC_DEVICE void pc_direct_fwd(const pc_conv_args &a) {
     const pc_t *PC_RESTRICT x = (const pc_t *)a.x;
     const pc_t *PC_RESTRICT w = (const pc_t *)a.w;
@@ -49,7 +48,7 @@ PC_DEVICE void pc_direct_fwd(const pc_conv_args &a) {
 }
 
 /* dX[n, c, i] = sum over (k in c's group, r) with o*S - P + r*DL == i of dY[n, k, o] * W[k, c, r] (+ bias[c],
- * which only the transposed forward passes). a.x is dX, a.y is dY. Also the per-element depthwise backward-data. */
+ * which only the transposed forward passes). a.x is dX, a.y is dY. */
 PC_DEVICE void pc_direct_bwd_data(const pc_conv_args &a) {
     pc_t *PC_RESTRICT dx = (pc_t *)a.x;
     const pc_t *PC_RESTRICT w = (const pc_t *)a.w;
@@ -89,7 +88,6 @@ PC_DEVICE void pc_direct_bwd_data(const pc_conv_args &a) {
     }
 }
 
-#ifndef PC_DIRECT_BODIES_ONLY /* the depthwise module takes the two bodies above, not the direct kernels */
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_direct_fwd(const pc_conv_args a) { pc_direct_fwd(a); }
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_direct_bwd_data(const pc_conv_args a) { pc_direct_bwd_data(a); }
 
@@ -139,4 +137,3 @@ PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_direct_bwd_weight(const pc_conv_ar
         }
     }
 }
-#endif /* PC_DIRECT_BODIES_ONLY */

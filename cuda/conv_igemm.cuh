@@ -167,7 +167,7 @@ struct pc_cursor<Op, true, AJ> {
         rows_ok(op, rows);
     }
     /* the next step; true when the tap moved. Within a tap only the channel moves: the Red's offsets step by PC_BK
-     * channels (Op::red_ch) instead of being rebuilt from the digits (v8: ~10 integer instructions a step less) */
+     * channels (Op::red_ch) instead of being rebuilt from the digits (~10 integer instructions a step less) */
     PC_DEVICE bool next(const Op &op, const typename Op::Row *rows) {
         const bool moved = s.next(op);
         if (moved) {
@@ -702,8 +702,8 @@ PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_stage_transpose(const pc_conv_args
 
 /* Note [narrow backward-data]: backward-data's GEMM has dX's C/G channels as its columns, and with few of them (C_in
  * = 1 or 3: speech front ends, RGB stems) the tensor-core tiles spend 75%-94% of every mma on padding columns and
- * the element gathers of dY cost per row what a full tile would (v8, deepbench-speech-c1: 2.9 ms where cuDNN took
- * 0.69). For one group, C <= NARROW_C and every axis of stride 1 or dilation 1 (cuda.py's narrow_col), the host runs
+ * the element gathers of dY cost per row what a full tile would (deepbench-speech-c1 took 4.2x cuDNN's time). For one
+ * group, C <= NARROW_C and every axis of stride 1 or dilation 1 (simt/igemm.py narrow_col), the host runs
  * it in two steps instead (Caffe's col2im backward):
  *   1. col[n, j, o] = sum over k of dY[n, k, o] W[k, j], j = (c, tap) in W's memory order: a 1 x 1 forward of dY
  *      by W read as a (C taps) x K matrix (portconv_igemm_col: the forward op on the usual tiles, its results stored

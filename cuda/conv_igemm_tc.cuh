@@ -60,13 +60,10 @@ typedef float pc_tc_e; /* gathered element: float32, rounded to TF32 when staged
 /* Note [A swizzle]: in the M-lane layout of the 16-bit types (PC_TC_SW), the 32-bit word w of A row m lives at word
  * w ^ ((m >> 3) & 3). Rows 8 apart share a bank at the padded row pitch; the swizzle spreads the M-lane stores (32
  * consecutive rows, one word) over 32 banks, and the fragment loads (8 consecutive rows, words t and t + 4) stay
- * conflict free, all 8 rows sharing one XOR. Measured on the H100 (docs/performance/h100-igemm-tc/v4): float16/bfloat16
- * M-lane rows 1.05x-1.13x faster; the reduction-lane layout (no conflict to remove) and TF32 (two words a row, and
+ * conflict free, all 8 rows sharing one XOR (H100: float16/bfloat16 M-lane rows 1.05x-1.13x faster,
+ * docs/kernels/implicit-gemm.md). The reduction-lane layout (no conflict to remove) and TF32 (two words a row, and
  * no gain seen) keep the plain layout. */
 #define PC_TC_SW (PC_DTYPE == 2 || PC_DTYPE == 3)
-#ifndef PC_TC_LDSM /* 0: the v4 tile (no ldmatrix, no vector gathers), for before / after measurements */
-#define PC_TC_LDSM 1
-#endif
 PC_DEVICE int pc_tc_sw(int m) { return (m >> 3) & 3; }
 
 PC_DEVICE unsigned pc_tc_word(unsigned short v) { return v; }
@@ -119,32 +116,23 @@ PC_DEVICE void pc_tc_mma_frags(float (&acc)[PC_TC_MT][PC_TC_NT][4], const unsign
 /* Note [TF32 ldmatrix]: ldmatrix moves 8 x 8 blocks of 16-bit elements, and a TF32 row of 4 words is 8 of them: one
  * ldmatrix.x4 at rows l % 16, words 4 (l / 16) gives lane (g, t) words A[g][t], A[g + 8][t], A[g][t + 4],
  * A[g + 8][t + 4], the m16n8k8 TF32 A fragment (as CUTLASS loads it), and likewise two n8 B fragments; the 80-byte
- * TF32 rows keep the eight row addresses on distinct 4-bank groups. v7: one load where four 32-bit loads were (a
- * 128 x 64 step of the register-buffered vector mode: 204 -> 181 SASS instructions for 16 mma, before the ring of
- * Note [async stages] added its roundings). PC_TC_V6 = 1: v6's TF32 (32-bit fragment loads, no ring), for before /
- * after measurements. */
-#ifndef PC_TC_V6
-#define PC_TC_V6 0
-#endif
+ * TF32 rows keep the eight row addresses on distinct 4-bank groups. One load where four 32-bit loads were. */
 #if PC_DTYPE == 0
 #define PC_TC_KW 16 /* 32-bit words of a step's row: 16 floats (two m16n8k8), or 16 halves (one m16n8k16) */
-#define PC_TC_FRAG_LDSM (PC_TC_LDSM && !PC_TC_V6)
 #else
 #define PC_TC_KW 8
-#define PC_TC_FRAG_LDSM PC_TC_LDSM
 #endif
 PC_DEVICE void pc_tc_round(unsigned &w) { w = pc_tc_word(__uint_as_float(w)); }
 
 /* Note [deep stages]: a stage of the cp.async ring (Note [async stages]) holds PC_TC_KS consecutive steps of PC_BK, one
- * barrier and one wait a stage where v7 had one a step (16 of the reduction: 8 mma a warp at 128 x 64 between
+ * barrier and one wait a stage instead of one a step (16 of the reduction: 8 mma a warp at 128 x 64 between
  * barriers), and the fragments of the stage's 2-4 k16 (k8) blocks are loaded and multiplied in one unrolled run. The
  * rows are unpadded, 16 * PC_TC_KS halves (floats), their 16-byte chunks XOR-swizzled (Note [ring swizzle]) instead of
- * the 4 pad words of v7's rows, so 48 KB of static shared memory holds 4 stages of 32 at 128 x 64 (16-bit) where
- * it held 4 of 16, and 2 stages of 32 where it held 3 of 16 (TF32). The copies take a stage's row as one run (Note
- * [stage rows]); element-wise B (Mode 3) still gathers a step at a time, its sub-step s into elements 16 s ... of
- * the rows. Vectors past the reduction's end are zero-filled. PC_TC_KS = 1: one step a stage (v7's schedule in the
- * swizzled rows), for before / after; a tile whose 2 stages of PC_TC_KS steps would not fit 48 KB takes 1 (TF32
- * 128 x 128). */
+ * padded, so 48 KB of static shared memory holds 4 stages of 32 at 128 x 64 (16-bit) and 2 stages of 32 (TF32). The
+ * copies take a stage's row as one run (Note [stage rows]); element-wise B (Mode 3) still gathers a step at a time,
+ * its sub-step s into elements 16 s ... of the rows. Vectors past the reduction's end are zero-filled. The host
+ * passes PC_TC_KS = 2, or 1 where a stage of 32 channels would straddle a tap (simt/igemm.py ring_steps); a tile
+ * whose 2 stages of PC_TC_KS steps would not fit 48 KB takes 1 (TF32 128 x 128). */
 #ifndef PC_TC_KS
 #define PC_TC_KS 2
 #endif
@@ -192,7 +180,7 @@ PC_DEVICE void pc_tc_mma(float (&acc)[PC_TC_MT][PC_TC_NT][4], const unsigned (*A
 #pragma unroll
     for (int kw = 0; kw < PC_TC_KW; kw += 8) {
         unsigned a[PC_TC_MT][4], b[PC_TC_NT][2];
-        if (Sw || !PC_TC_FRAG_LDSM) {
+        if (Sw) {
 #pragma unroll
             for (int i = 0; i < PC_TC_MT; ++i) { /* Note [A swizzle]: rows 16i + g and 16i + g + 8 */
                 const int t0 = kw + (Sw ? t ^ pc_tc_sw(wm + 16 * i) : t);
@@ -203,7 +191,7 @@ PC_DEVICE void pc_tc_mma(float (&acc)[PC_TC_MT][PC_TC_NT][4], const unsigned (*A
         } else {
             pc_tc_ldsm_a<PC_TC_LDW, false>(a, A, kw, l);
         }
-#if PC_TC_NT % 2 == 0 && PC_TC_FRAG_LDSM
+#if PC_TC_NT % 2 == 0
         pc_tc_ldsm_b<PC_TC_LDW, false>(b, B, kw, l);
 #else
 #pragma unroll
@@ -216,10 +204,10 @@ PC_DEVICE void pc_tc_mma(float (&acc)[PC_TC_MT][PC_TC_NT][4], const unsigned (*A
 #define PC_TC_VP (PC_BK / PC_TC_VE)          /* vectors per row of a step */
 #define PC_TC_VA (PC_TC_BM * PC_TC_VP / PC_NT + (PC_TC_BM * PC_TC_VP < PC_NT)) /* A vectors per thread */
 #define PC_TC_VBN ((PC_TC_BN * PC_TC_VP + PC_NT - 1) / PC_NT) /* B vectors per thread (the last pass may be partial) */
-#define PC_TC_VEC (PC_TC_BM * PC_TC_VP % PC_NT == 0 && PC_TC_LDSM) /* this tile takes them (not 64-row 16-bit) */
+#define PC_TC_VEC (PC_TC_BM * PC_TC_VP % PC_NT == 0) /* this tile takes them (not 64-row 16-bit) */
 
 /* The tile's shared memory, one allocation per kernel whichever instantiations of the run function it holds. */
-#define PC_TC_ASYNC (PC_TC_VEC && (PC_DTYPE != 0 || !PC_TC_V6)) /* Note [async stages]: the vector modes */
+#define PC_TC_ASYNC PC_TC_VEC /* Note [async stages]: the vector modes */
 struct pc_tc_smem { /* the register double buffer of Modes 0-2; 16-byte aligned rows: Note [vector gathers] */
     alignas(16) unsigned A[2][PC_TC_BM][PC_TC_LDW];
     alignas(16) unsigned B[2][PC_TC_BN][PC_TC_LDW];
@@ -351,22 +339,21 @@ struct pc_vec_cursor : pc_cursor<Op, true, PC_TC_VA> {
 
 /* Note [async stages]: the vector modes copy global to shared with cp.async (16 bytes, zero-filled when the
  * source is out of bounds: src-size 0), no registers on the way, into a ring of PC_TC_RS stage buffers: stages k+1
- * .. k+RS-1 are in flight while step k multiplies, where the double buffer had one step of loads in flight, its
- * latency exposed behind 8-16 mma a warp (Nsight Compute on v4: a step took ~1600 cycles on resnet50-l1-3x3-bf16-cl).
- * Element-wise B (Mode 3) keeps the register double buffer one step ahead, written into the ring's stage. v7: TF32
- * too (v6 kept its register double buffer, rounding when it stored): the floats land unrounded and the fragments are
- * rounded after their loads (pc_tc_mma_ring; rounding a rounded B element again changes nothing). v8: a stage holds
- * several steps in swizzled rows (Note [deep stages]). The copies are the prelude's pc_cp_async (Note [async
- * copies]). */
+ * .. k+RS-1 are in flight while step k multiplies, where a register double buffer has one step of loads in flight,
+ * its latency exposed behind 8-16 mma a warp (Nsight Compute: ~1600 cycles a step on resnet50-l1-3x3-bf16-cl).
+ * Element-wise B (Mode 3) keeps the register double buffer one step ahead, written into the ring's stage. TF32 too:
+ * the floats land unrounded and the fragments are rounded after their loads (pc_tc_mma_ring; rounding a rounded B
+ * element again changes nothing). A stage holds several steps in swizzled rows (Note [deep stages]). The copies are
+ * the prelude's pc_cp_async (Note [async copies]). */
 
 #if PC_TC_ASYNC
 /* Note [stage rows]: a ring stage's row of PC_TC_RK steps is PC_TC_WP 16-byte vectors, one run of contiguous channels
  * in A's (B's) tensor; load thread tid takes vector tid % WP of rows tid / WP + (256 / WP) i, so a warp's copy covers
- * 32 / WP rows of 16 WP bytes each where one step's vectors (v7's order) covered 32 / VP rows of 16 VP bytes: fewer
- * lines a copy instruction, and one issue a stage instead of one a step. The thread's cursor sits at channel (tid % WP)
- * VE of the stage's window and steps PC_TC_RK times a stage; a window must not straddle a tap, so the host builds
- * the ring with PC_TC_KS steps only for channel counts in multiples of 16 PC_TC_KS (cuda._Run._igemm_tile), and the
- * kernel checks it (pc_igemm_tc_run). */
+ * 32 / WP rows of 16 WP bytes each, not 32 / VP rows of 16 VP bytes (one step's vectors): fewer lines a copy
+ * instruction, and one issue a stage instead of one a step. The thread's cursor sits at channel (tid % WP) VE of the
+ * stage's window and steps PC_TC_RK times a stage; a window must not straddle a tap, so the host builds the ring with
+ * PC_TC_KS steps only for channel counts in multiples of 16 PC_TC_KS (simt/igemm.py ring_steps), and the kernel
+ * checks it (pc_igemm_tc_run). */
 #define PC_TC_WP (PC_TC_RK * PC_TC_VP)              /* vectors a ring row */
 #define PC_TC_WA (PC_TC_BM * PC_TC_WP / PC_NT)      /* A vectors a thread a stage */
 #define PC_TC_WB ((PC_TC_BN * PC_TC_WP + PC_NT - 1) / PC_NT) /* B vectors (the last pass may be partial) */
@@ -689,7 +676,7 @@ PC_DEVICE void pc_igemm_tc_run(const Op &op, pc_idx M, pc_idx NC, pc_idx rbeg, p
 /* Note [TN tiles]: backward-weight's GEMM, dW[k][(c, tap)] = sum over positions p of dY[p][k] X[p + tap][c], has both
  * operands contiguous along M and N and strided along the reduction when dY and X are channels-last (dense NCHW ones
  * are staged so, Note [channels-last staging]): the "TN" GEMM of BLAS. The element-gathering tile reads them along
- * the reduction, two bytes from another line each (v5: resnet50-l1-3x3-bf16-cl's weight gradient at 0.05x cuDNN).
+ * the reduction, two bytes from another line each (resnet50-l1-3x3-bf16-cl's weight gradient ran at 0.05x cuDNN).
  * This tile reads them as they lie: a step's 16 reduction rows of 16-byte vectors of VE channels (k of dY; c of X at
  * one tap: its columns run channel-innermost, op.tn), stored reduction-major in shared memory and read into the mma
  * fragments transposed, by ldmatrix.trans for the 16-bit types, by 32-bit loads for TF32 (rows padded so both are
@@ -697,15 +684,11 @@ PC_DEVICE void pc_igemm_tc_run(const Op &op, pc_idx M, pc_idx NC, pc_idx rbeg, p
  * without division, and vectors tid % 16 + 16 i of the row (Note [TN copy order]). The 16-bit types copy with
  * cp.async into a ring of PC_TC_TS stages (Note [async stages]); TF32 goes through registers, rounded when stored.
  * The host sets PC_FLAG_VA (dY) and PC_FLAG_VB (X) only when K/G and C/G are multiples of VE and the tensors' strides
- * and addresses keep every vector aligned (cuda.py's _Run._tn and _Run._vector_flags). */
+ * and addresses keep every vector aligned (simt/igemm.py, Igemm.bwd_weight and Igemm.vector_flags). */
 /* Note [TN copy order]: a warp's load threads are 2 reduction rows x 16 vectors (row tid / 16, vector tid % 16), so a
- * warp's copy is 2 runs of up to 256 contiguous bytes (dY's k, X's c at one position) in 2-4 cache lines. v8 took row
- * tid % 16 and vector tid / 16: 16 positions x 32 bytes, 16 lines a copy instruction, and the -cl weight gradient
- * of resnet50-l1-3x3-bf16 ran L1/TEX-bound (93%, h100-2026-11-25h). PC_TC_V8 = 1: v8's order, for before / after
- * measurements. The shared rows and the mma do not change, only which thread copies which vector. */
-#ifndef PC_TC_V8
-#define PC_TC_V8 0
-#endif
+ * warp's copy is 2 runs of up to 256 contiguous bytes (dY's k, X's c at one position) in 2-4 cache lines. The
+ * transposed order (row tid % 16, vector tid / 16: 16 positions x 32 bytes, 16 lines a copy instruction) left the -cl
+ * weight gradient of resnet50-l1-3x3-bf16 L1/TEX-bound (93%; docs/kernels/implicit-gemm.md). */
 #define PC_TC_TVA (PC_TC_BM / PC_TC_VE)   /* vectors per reduction row */
 #define PC_TC_TVB (PC_TC_BN / PC_TC_VE)
 #define PC_TC_TAV ((PC_TC_TVA + 15) / 16) /* ... per load thread */
@@ -830,7 +813,7 @@ template <class Op>
 PC_DEVICE void pc_igemm_tc_tn(const Op &op, pc_idx M, pc_idx NC, pc_idx rbeg, pc_idx rend) {
     auto &sm = pc_tc_shared_any().tn;
     const pc_tc_thread th;
-    const int rr = PC_TC_V8 ? th.rr : th.tid / 16, lq = PC_TC_V8 ? th.lq : th.tid % 16; /* Note [TN copy order] */
+    const int rr = th.tid / 16, lq = th.tid % 16; /* Note [TN copy order] */
     const int g = th.g, t = th.t, wm = th.wm, wn = th.wn;
     typename Op::Row rows[PC_TC_TAV];
     typename Op::Col cols[PC_TC_TBV];

@@ -57,13 +57,9 @@ PC_DEVICE unsigned short pc_float_to_f16_bits(float f) {
 PC_DEVICE float pc_bf16_bits_to_float(unsigned short b) { return __uint_as_float(((unsigned)b) << 16); }
 
 /* Round to nearest even; NaN stays a (quiet) NaN. sm_80+: one cvt.rn.bf16.f32 (what PyTorch's __float2bfloat16 runs;
- * NaN becomes the canonical 0x7fff), else six integer instructions (NaN keeps its sign: 0x7fc0 | sign). PC_BF16_CVT 0:
- * always the integer form (experiments). */
-#ifndef PC_BF16_CVT
-#define PC_BF16_CVT 1
-#endif
+ * NaN becomes the canonical 0x7fff), else six integer instructions (NaN keeps its sign: 0x7fc0 | sign). */
 PC_DEVICE unsigned short pc_float_to_bf16_bits(float f) {
-#if PC_BF16_CVT && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     unsigned short h;
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;
@@ -118,12 +114,12 @@ template <int N>
 PC_DEVICE void pc_cp_async_wait() {}
 #endif
 
-/* Note [dependent launch]: a kernel launched with programmatic stream serialization (the replayed finalize of split
- * sums, portconv/backends/_replay.py) may start while the kernel before it in the stream still runs; it calls
+/* Note [dependent launch]: a kernel launched with programmatic stream serialization (the finalize of split
+ * sums, portconv/backends/simt/runtime.py) may start while the kernel before it in the stream still runs; it calls
  * pc_grid_dependency_wait() before it touches memory, which returns once that kernel has completed and its writes
  * are visible (griddepcontrol.wait, sm_90 and newer; a no-op for a kernel launched the ordinary way). No producer
  * calls griddepcontrol.launch_dependents: its blocks trigger the dependent launch as they exit. (Calling it first
- * thing in the depthwise weight-gradient kernels was measured: no gain, docs/performance/notes-depthwise-v3.md "v9".)
+ * thing in the depthwise weight-gradient kernels was measured: no gain, docs/kernels/depthwise.md.)
  * Older GPUs, HIP and the CPU emulator: it does nothing (their launches are always ordered). */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 PC_DEVICE void pc_grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }

@@ -65,13 +65,14 @@ PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_bias_grad(const pc_conv_args a) {
 
 /* dst[k, c, r0, r1, r2] = sum over s of ws[s*count + flat(k, c, r0, r1, r2)], count = K*C*R0*R1*R2, where
  * dst is a.w with strides a.ws_ (a weight gradient, or a bias gradient described as K x 1 x 1 x 1 x 1).
- * Note [warp finalize]: with PC_FLAG_WARP (the host's choice, cuda.py _Run._finalize: many splits, few values)
+ * Note [warp finalize]: with PC_FLAG_WARP (the host's choice, simt/view.py Launches.finalize: many splits, few values)
  * one warp sums one value: lane l adds splits l, l + W, ... in order, then pc_warp_sum folds the lanes in its fixed
  * order, so the result is deterministic and the warp waits for about one load instead of `splits` dependent
  * additions. Without it one thread sums a value, the splits in order: consecutive threads read consecutive values,
  * so every load of a warp is one coalesced line, where a warp a value touches one line per split (measured on
- * H100: 19% slower weight gradients of a dense row with 73728 values, docs/performance/notes-depthwise-v3.md "v8").
- * Either way grid-stride: any grid is correct. Replayed, it is a dependent launch (Note [dependent launch]):
+ * H100: a warp a value made the weight gradient of a dense row with 73728 values 1.32x slower;
+ * docs/kernels/depthwise.md).
+ * Either way grid-stride: any grid is correct. It may be a dependent launch (Note [dependent launch]):
  * nothing is read before pc_grid_dependency_wait. */
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_split_finalize(const pc_conv_args a) {
     pc_grid_dependency_wait();

@@ -44,10 +44,7 @@ PC_DEVICE double pc_atomic_add(double *p, double v) { return atomicAdd(p, v); }
  * half of a float32, rounded to nearest even exactly as cuda/prelude.cuh and hip_bf16.h's __float2bfloat16
  * do. hip_bf16.h exists from ROCm 6 only (ROCm 5 has the differently named hip_bfloat16.h), so the bit form
  * is used on every ROCm version and the results match the CUDA set bit for bit (NaN aside: CUDA's sm_80+
- * cvt.rn.bf16.f32 gives the canonical 0x7fff, this form keeps the sign). PC_BF16_CVT is 0 here: no cvt form. */
-#ifndef PC_BF16_CVT
-#define PC_BF16_CVT 0
-#endif
+ * cvt.rn.bf16.f32 gives the canonical 0x7fff, this form keeps the sign). */
 PC_DEVICE float pc_f16_bits_to_float(unsigned short h) { return __half2float(__ushort_as_half(h)); }
 PC_DEVICE unsigned short pc_float_to_f16_bits(float f) { return __half_as_ushort(__float2half_rn(f)); }
 

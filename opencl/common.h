@@ -5,8 +5,9 @@
  *   IDX64                                             64-bit element indices (only for tensors >= 2^31 elements)
  *   DEPTHWISE                                         x-side channels per group fixed at 1 (depthwise kernels)
  *
- * Note [canonical convolution]: every kernel sees one non-transposed convolution y = conv(x, w) with
- *   x: (N, G*CX, X0, X1, X2), w: (G*CY, CX, K0, K1, K2), y: (N, G*CY, Y0, Y1, Y2).
+ * Note [canonical convolution]: every kernel sees one non-transposed convolution y = conv(x, w), the host's
+ * ConvView (Note [conv view] in portconv/problem.py), with its names:
+ *   x: (N, G*CG, X0, X1, X2), w: (G*KG, CG, R0, R1, R2), y: (N, G*KG, Y0, Y1, Y2).
  * Ranks 1 and 2 are rank 3 with leading size-1 spatial dims. A transposed convolution is the same
  * object with the roles swapped (its input is y, its output is x), so its forward pass is the
  * backward-data kernel and its backward-data pass is the forward kernel.
@@ -61,8 +62,8 @@ typedef int idx_t;
 
 /* The descriptor is one by-value struct of idx_t (the host packs it field by field, same order). */
 typedef struct {
-    idx_t N, G, CX, CY;         /* batch, groups, channels per group of x and of y */
-    idx_t X[3], Y[3], K[3];     /* spatial extents (D, H, W) of x, y and the kernel */
+    idx_t N, G, CG, KG;         /* batch, groups, channels per group of x and of y */
+    idx_t X[3], Y[3], R[3];     /* spatial extents (D, H, W) of x, y and the kernel */
     idx_t S[3], P[3], DL[3];    /* stride, low-side padding, dilation */
     idx_t xs[5], ws[5], ys[5];  /* element strides (N, C, D, H, W) of x and y; (Cout, Cin, D, H, W) of w */
     idx_t xo, wo, yo, bo, bs;   /* element offsets of x, w, y, bias; bias stride */
@@ -73,10 +74,10 @@ typedef struct {
 } conv_desc;
 
 #ifdef DEPTHWISE
-#define CX_OF(d) 1
+#define CG_OF(d) 1
 #define KNAME(name) depthwise_##name
 #else
-#define CX_OF(d) ((d).CX)
+#define CG_OF(d) ((d).CG)
 #define KNAME(name) conv_##name
 #endif
 

@@ -4,20 +4,20 @@
  */
 #include "common.h"
 
-/* Forward: one work-item per y element, gathering over the kernel taps and the CX channels of its group.
+/* Forward: one work-item per y element, gathering over the kernel taps and the CG channels of its group.
  * The taps that fall into padding are cut off by tap_range, so no work-item reads out of bounds. */
 __kernel void KNAME(fwd)(const conv_desc d, __global const T *x, __global const T *w,
                          __global const T *b, __global T *y) {
     const idx_t gid = (idx_t)get_global_id(0);
     if (gid >= d.total) return;
-    const idx_t cx_n = CX_OF(d);
+    const idx_t cx_n = CG_OF(d);
     idx_t n, co, o0, o1, o2;
-    unflatten5(gid, d.G * d.CY, d.Y[0], d.Y[1], d.Y[2], d.c_inner, &n, &co, &o0, &o1, &o2);
-    const idx_t g = co / d.CY;
+    unflatten5(gid, d.G * d.KG, d.Y[0], d.Y[1], d.Y[2], d.c_inner, &n, &co, &o0, &o1, &o2);
+    const idx_t g = co / d.KG;
     idx_t lo0, hi0, lo1, hi1, lo2, hi2;
-    tap_range(o0, d.S[0], d.P[0], d.DL[0], d.X[0], d.K[0], &lo0, &hi0);
-    tap_range(o1, d.S[1], d.P[1], d.DL[1], d.X[1], d.K[1], &lo1, &hi1);
-    tap_range(o2, d.S[2], d.P[2], d.DL[2], d.X[2], d.K[2], &lo2, &hi2);
+    tap_range(o0, d.S[0], d.P[0], d.DL[0], d.X[0], d.R[0], &lo0, &hi0);
+    tap_range(o1, d.S[1], d.P[1], d.DL[1], d.X[1], d.R[1], &lo1, &hi1);
+    tap_range(o2, d.S[2], d.P[2], d.DL[2], d.X[2], d.R[2], &lo2, &hi2);
     const idx_t xb = d.xo + n * d.xs[0] + g * cx_n * d.xs[1];
     const idx_t wb = d.wo + co * d.ws[0];
     ACC acc = 0;
@@ -39,33 +39,33 @@ __kernel void KNAME(fwd)(const conv_desc d, __global const T *x, __global const 
 }
 
 /* Backward-data: one work-item per x element, summing over the taps whose output position o satisfies
- * o*S - P + r*DL == i, and over the CY output channels of its group. Also the transposed forward
+ * o*S - P + r*DL == i, and over the KG output channels of its group. Also the transposed forward
  * (then b is the transposed convolution's bias, indexed by the x channel). */
 __kernel void KNAME(bwd_data)(const conv_desc d, __global const T *y, __global const T *w,
                               __global const T *b, __global T *x) {
     const idx_t gid = (idx_t)get_global_id(0);
     if (gid >= d.total) return;
-    const idx_t cx_n = CX_OF(d);
+    const idx_t cx_n = CG_OF(d);
     idx_t n, ci, i0, i1, i2;
     unflatten5(gid, d.G * cx_n, d.X[0], d.X[1], d.X[2], d.c_inner, &n, &ci, &i0, &i1, &i2);
     const idx_t g = ci / cx_n;
     const idx_t c = ci - g * cx_n;
-    const idx_t yb = d.yo + n * d.ys[0] + g * d.CY * d.ys[1];
-    const idx_t wb = d.wo + g * d.CY * d.ws[0] + c * d.ws[1];
+    const idx_t yb = d.yo + n * d.ys[0] + g * d.KG * d.ys[1];
+    const idx_t wb = d.wo + g * d.KG * d.ws[0] + c * d.ws[1];
     ACC acc = 0;
-    for (idx_t r0 = 0; r0 < d.K[0]; ++r0) {
+    for (idx_t r0 = 0; r0 < d.R[0]; ++r0) {
         const idx_t t0 = i0 + d.P[0] - r0 * d.DL[0];
         if (t0 < 0) break;
         if (t0 % d.S[0]) continue;
         const idx_t o0 = t0 / d.S[0];
         if (o0 >= d.Y[0]) continue;
-        for (idx_t r1 = 0; r1 < d.K[1]; ++r1) {
+        for (idx_t r1 = 0; r1 < d.R[1]; ++r1) {
             const idx_t t1 = i1 + d.P[1] - r1 * d.DL[1];
             if (t1 < 0) break;
             if (t1 % d.S[1]) continue;
             const idx_t o1 = t1 / d.S[1];
             if (o1 >= d.Y[1]) continue;
-            for (idx_t r2 = 0; r2 < d.K[2]; ++r2) {
+            for (idx_t r2 = 0; r2 < d.R[2]; ++r2) {
                 const idx_t t2 = i2 + d.P[2] - r2 * d.DL[2];
                 if (t2 < 0) break;
                 if (t2 % d.S[2]) continue;
@@ -73,7 +73,7 @@ __kernel void KNAME(bwd_data)(const conv_desc d, __global const T *y, __global c
                 if (o2 >= d.Y[2]) continue;
                 const idx_t yp = yb + o0 * d.ys[2] + o1 * d.ys[3] + o2 * d.ys[4];
                 const idx_t wp = wb + r0 * d.ws[2] + r1 * d.ws[3] + r2 * d.ws[4];
-                for (idx_t k = 0; k < d.CY; ++k)
+                for (idx_t k = 0; k < d.KG; ++k)
                     acc += LD(y, yp + k * d.ys[1]) * LD(w, wp + k * d.ws[0]);
             }
         }
@@ -90,10 +90,10 @@ __kernel void KNAME(bwd_weight)(const conv_desc d, __global const T *x, __global
     const idx_t grp = (idx_t)get_group_id(0);
     const idx_t l = (idx_t)get_local_id(0);
     const idx_t L = (idx_t)get_local_size(0);
-    const idx_t cx_n = CX_OF(d);
+    const idx_t cx_n = CG_OF(d);
     idx_t co, c, r0, r1, r2;
-    unflatten5(grp, cx_n, d.K[0], d.K[1], d.K[2], d.c_inner, &co, &c, &r0, &r1, &r2);
-    const idx_t ci = (co / d.CY) * cx_n + c;
+    unflatten5(grp, cx_n, d.R[0], d.R[1], d.R[2], d.c_inner, &co, &c, &r0, &r1, &r2);
+    const idx_t ci = (co / d.KG) * cx_n + c;
     idx_t lo0, hi0, lo1, hi1, lo2, hi2;
     out_range(r0, d.S[0], d.P[0], d.DL[0], d.X[0], d.Y[0], &lo0, &hi0);
     out_range(r1, d.S[1], d.P[1], d.DL[1], d.X[1], d.Y[1], &lo1, &hi1);

@@ -1,5 +1,5 @@
 /* portconv OpenCL depthwise kernels (dw_*): forward, backward-data and backward-weight of a depthwise
- * convolution (CX == 1, dilation 1, not transposed) whose x and y rows are contiguous along W; at the end,
+ * convolution (CG == 1, dilation 1, not transposed) whose x and y rows are contiguous along W; at the end,
  * dw_cl_*: the same for channels-last tensors (C contiguous) (Note [channels-last depthwise]).
  * Same canonical convolution and descriptor as conv.cl (Note [canonical convolution] in common.h).
  *
@@ -14,9 +14,8 @@
  *
  * Defines (host, one program per set): DTYPE_F32 | DTYPE_F64, optional IDX64, DW_VW (4 or 8), DW_RB (rows
  * computed together by one work-item of dw_fwd/dw_bwd_data), DW_NB (such row blocks per work-item),
- * DW_K0, DW_K1, DW_K2, DW_S0, DW_S1, DW_S2 (each stride 1 or 2); DW_VB (optional): which kernels load border
- * vectors whole (Note [border loads]): bit 0 forward, 1 backward-data, 2 backward-weight; default 5 in 2-D, 4 in 3-D,
- * as measured on PoCL (docs/performance/notes-opencl.md v7).
+ * DW_K0, DW_K1, DW_K2, DW_S0, DW_S1, DW_S2 (each stride 1 or 2); DW_CPU on CPU devices; DW_CL, DW_CLW, DW_CLB, DW_CLR,
+ * DW_CLA for the channels-last kernels (Note [channels-last depthwise]).
  */
 #include "common.h"
 
@@ -127,11 +126,10 @@ typedef SHT __attribute__((aligned(sizeof(T)))) ht_unaligned;
  * element by element. `sp` is that element range [lo, hi) (tensor_span). The 7x7 rows (every vector a border
  * one) and the first and last vector of each wider row take this path. */
 typedef struct { idx_t lo, hi; } span_t;
-#ifndef DW_VB
-/* measured on PoCL (notes-opencl.md v7): whole border vectors help the 2-D forward and the grad-weight; the 3-D
- * forward (27 taps unrolled, each load with both paths) ran 2x slower with them, the backward-data 1.3x */
+/* DW_VB: which kernels load border vectors whole: bit 0 forward, 1 backward-data, 2 backward-weight. Whole border
+ * vectors help the 2-D forward and the grad-weight; the 3-D forward (27 taps unrolled, each load with both paths)
+ * runs 2x slower with them on PoCL, the backward-data 1.3x (docs/kernels/opencl.md) */
 #define DW_VB (DW_K0 == 1 ? 5 : 4)
-#endif
 
 /* [offset, one past the last element] of the tensor with strides s[5] and extents (n, c, e[0], e[1], e[2]). */
 DW_INLINE span_t tensor_span(idx_t o, const idx_t *s, idx_t n, idx_t c, const idx_t *e) {
@@ -291,9 +289,9 @@ __kernel void dw_fwd(const conv_desc d, __global const T *x, __global const T *w
     const idx_t oh0 = (idx_t)get_global_id(1) * (DW_RB * DW_NB);
     const idx_t pz = (idx_t)get_global_id(2);
     if (ow0 >= d.Y[2] || oh0 >= d.Y[1] || pz >= d.total) return;
-    const idx_t CO = d.G * d.CY;
+    const idx_t CO = d.G * d.KG;
     const idx_t od = pz % d.Y[0], nc = pz / d.Y[0];
-    const idx_t co = nc % CO, n = nc / CO, g = co / d.CY;
+    const idx_t co = nc % CO, n = nc / CO, g = co / d.KG;
     const idx_t xb = d.xo + n * d.xs[0] + g * d.xs[1];
     const idx_t wb = d.wo + co * d.ws[0];
     const idx_t c0 = ow0 * DW_S2 - d.P[2];
@@ -325,7 +323,7 @@ __kernel void dw_fwd(const conv_desc d, __global const T *x, __global const T *w
 
 /* DW_RB rows ih0 .. ih0+DW_RB of the backward-data pass for output channel co (weights wr in registers):
  * every gy row the block touches is loaded once and added into each x row it reaches, tap r1 =
- * base + j - ii*DW_S1 for x row j and gy row oy_lo + ii. `base` (K1-1 or K1-2: the parity of the first row
+ * base + j - ii*DW_S1 for x row j and gy row oy_lo + ii. `base` (DW_K1-1 or DW_K1-2: the parity of the first row
  * under stride 2) and `inner` are constants at each call site, so the tap matching unrolls away. */
 DW_INLINE void bwd_rows(const conv_desc *d, __global const T *y, const CT *wr, idx_t yb, idx_t iz, idx_t ih0,
                         idx_t iw0, VT *acc, HT *ae, HT *ao, const int inner, const int base, const span_t sp) {
@@ -374,7 +372,7 @@ DW_INLINE void bwd_rows(const conv_desc *d, __global const T *y, const CT *wr, i
 }
 
 /* Backward-data: work-item (W block, row block, (n, g, iz)) writes x[n, g, iz, ih, iw0 .. iw0+DW_VW) for the
- * DW_RB*DW_NB rows ih of its block, summing gy[o] * w[r] over the taps with o*S - P + r == i and the CY output
+ * DW_RB*DW_NB rows ih of its block, summing gy[o] * w[r] over the taps with o*S - P + r == i and the KG output
  * channels of group g. Stride 2 along W: even lanes take the taps of one parity and odd lanes the other,
  * each a stride-1 load of DW_VW/2 gy elements. */
 __kernel void dw_bwd_data(const conv_desc d, __global const T *y, __global const T *w, __global const T *b,
@@ -394,8 +392,8 @@ __kernel void dw_bwd_data(const conv_desc d, __global const T *y, __global const
 #else
     const int inner = iw0 + d.P[2] - (DW_K2 - 1) >= 0 && ((iw0 + d.P[2] + 1) >> 1) + DW_HW <= d.Y[2] && nv >= DW_VW;
 #endif
-    const span_t sp = tensor_span(d.yo, d.ys, d.N, d.G * d.CY, d.Y);
-    /* stride 2 along H: the first gy row of a block (ih0 even) has tap K1-1 or K1-2, by the parity of P1 */
+    const span_t sp = tensor_span(d.yo, d.ys, d.N, d.G * d.KG, d.Y);
+    /* stride 2 along H: the first gy row of a block (ih0 even) has tap DW_K1-1 or DW_K1-2, by the parity of P1 */
 #if DW_S1 == 2
     const int odd = (int)((d.P[1] - (DW_K1 - 1)) & 1);
 #endif
@@ -408,8 +406,8 @@ __kernel void dw_bwd_data(const conv_desc d, __global const T *y, __global const
             ae[j] = (HT)0;
             ao[j] = (HT)0;
         }
-        for (idx_t k = 0; k < d.CY; ++k) {
-            const idx_t co = g * d.CY + k;
+        for (idx_t k = 0; k < d.KG; ++k) {
+            const idx_t co = g * d.KG + k;
             const idx_t yb = d.yo + n * d.ys[0] + co * d.ys[1];
             const idx_t wb = d.wo + co * d.ws[0];
             CT wr[TAPS];
@@ -503,11 +501,11 @@ __kernel void dw_bwd_weight(const conv_desc d, __global const T *x, __global con
     const idx_t cnt = d.N * d.Y[0] * nr * nb;
     const idx_t jb = s * d.red;
     const idx_t je = jb + d.red < cnt ? jb + d.red : cnt;
-    const idx_t g = co / d.CY;
+    const idx_t g = co / d.KG;
     const idx_t xb = d.xo + g * d.xs[1];
     const idx_t yb = d.yo + co * d.ys[1];
     const span_t xsp = tensor_span(d.xo, d.xs, d.N, d.G, d.X);
-    const span_t ysp = tensor_span(d.yo, d.ys, d.N, d.G * d.CY, d.Y);
+    const span_t ysp = tensor_span(d.yo, d.ys, d.N, d.G * d.KG, d.Y);
     VT acc[TAPS];
 #pragma unroll
     for (int t = 0; t < TAPS; ++t) acc[t] = (VT)0;
@@ -564,12 +562,10 @@ __kernel void dw_finalize(const conv_desc d, __global const ACC *part, __global 
  * DW_VW, x and y (grad_input and grad_output in backward) with channel stride 1 (the host checks). A work-item
  * takes DW_VW neighbouring channels, holds their TAPS weight vectors in registers (gathered once: weights are
  * channel-major) and runs DW_CLW neighbouring W positions of one (n, d, h) row; taps in the padding are skipped
- * per work-item (uniform over its lanes). Every load and store is one DW_VW vector. Measured on PoCL
- * (docs/performance/cpu-pocl-2026-11-23): the generic per-element kernels took 9.4 ms forward on
- * mbv2-dw3x3-bf16-cl at batch 1, where this host's PyTorch took 0.4 ms.
- * CPU devices run all three kernels; GPUs dw_cl_fwd and dw_cl_bwd_data (8x4x4 work-groups, vloadn), their grad-weight
- * stays on the generic kernel (one work-item per channel block and split is a CPU design): H100, mbv2-dw3x3-bf16-cl
- * forward 0.300 -> 0.144 ms, backward-data 0.581 -> 0.143 ms (docs/performance/h100-2026-11-23-opencl-tc/dw-cl-gpu). */
+ * per work-item (uniform over its lanes). Every load and store is one DW_VW vector. CPU devices run dw_cl_bwd_weight
+ * one work-item per channel block and split; GPUs with DW_CLB x DW_CLR work-groups added in a local tree. Against the
+ * generic per-element kernels, mbv2-dw3x3-bf16-cl: those ran 23x PyTorch's forward time on PoCL; on an H100 these run
+ * 0.48x their forward and 0.25x their backward-data time (docs/kernels/opencl.md). */
 #ifndef DW_CLW
 #define DW_CLW 4 /* W positions per work-item (the host sets it per device type) */
 #endif

@@ -4,9 +4,9 @@
  *
  * Note [OpenCL implicit GEMM]: the design of the CUDA set's FMA tile (cuda/conv_igemm.cuh, Note [implicit GEMM])
  * in OpenCL C. Each direction is a GEMM whose operands are gathered on the fly (no im2col buffer); per group g:
- *   forward      Y[m, n]  = sum_r A[m, r] B[r, n]; m = (n, o) over N*Y, n = k over CY, r = (c, tap) over CX*taps
- *   bwd data     dX[m, n] = ...;                   m = (n, e) over N*E (one phase), n = c over CX, r = (k, j) over CY*T
- *   bwd weight   dW[m, n] = ...;                   m = k over CY, n = (c, tap) over CX*taps, r = (n, o) over N*Y
+ *   forward      Y[m, n]  = sum_r A[m, r] B[r, n]; m = (n, o) over N*Y, n = k over KG, r = (c, tap) over CG*taps
+ *   bwd data     dX[m, n] = ...;                   m = (n, e) over N*E (one phase), n = c over CG, r = (k, j) over KG*T
+ *   bwd weight   dW[m, n] = ...;                   m = k over KG, n = (c, tap) over CG*taps, r = (n, o) over N*Y
  * A work-group of IG_NT = (IG_BM/IG_TM) x (IG_BN/IG_TN) work-items computes an IG_BM x IG_BN tile, IG_TM x IG_TN
  * results per work-item, stepping the reduction IG_BK at a time through local memory with the next step's
  * gathers loaded before the current step's products. Every load work-item owns one reduction index per step,
@@ -34,9 +34,7 @@
  * own that PoCL can vectorise across work-items (CPUs). */
 #ifdef IG_CPU
 #define IG_INLINE inline __attribute__((always_inline))
-#ifndef IG_PREFETCH
 #define IG_PREFETCH 0
-#endif
 #else
 #define IG_PREFETCH 1
 #define IG_INLINE inline
@@ -117,14 +115,14 @@ IG_INLINE void chan_tap(const conv_desc *d, idx_t r, idx_t CH, int chan_inner, i
         tap = r / CH;
         *ch = r - tap * CH;
     } else {
-        const idx_t taps = d->K[0] * d->K[1] * d->K[2];
+        const idx_t taps = d->R[0] * d->R[1] * d->R[2];
         *ch = r / taps;
         tap = r - *ch * taps;
     }
-    *r2 = tap % d->K[2];
-    tap /= d->K[2];
-    *r1 = tap % d->K[1];
-    *r0 = tap / d->K[1];
+    *r2 = tap % d->R[2];
+    tap /= d->R[2];
+    *r1 = tap % d->R[1];
+    *r0 = tap / d->R[1];
 }
 
 /* ---- forward: A = x gathered at (n, o) x (c, tap), B = w ---------------------------------------------------- */
@@ -140,7 +138,7 @@ IG_INLINE ig_fwd_rowt ig_fwd_row(const ig_fwd_op *op, idx_t m, idx_t M) {
     const pos4 at = pos4_of(ok ? m : 0, d->Y[0], d->Y[1], d->Y[2]);
     const idx_t n = at.b, o0 = at.z, o1 = at.y, o2 = at.x;
     t.i0 = o0 * d->S[0] - d->P[0], t.i1 = o1 * d->S[1] - d->P[1], t.i2 = o2 * d->S[2] - d->P[2];
-    t.xo = d->xo + n * d->xs[0] + op->g * d->CX * d->xs[1] + t.i0 * d->xs[2] + t.i1 * d->xs[3] + t.i2 * d->xs[4];
+    t.xo = d->xo + n * d->xs[0] + op->g * d->CG * d->xs[1] + t.i0 * d->xs[2] + t.i1 * d->xs[3] + t.i2 * d->xs[4];
     if (!ok) t.i0 = d->X[0]; /* every tap out of range (r.d0 >= 0) */
     return t;
 }
@@ -148,7 +146,7 @@ IG_INLINE ig_fwd_rowt ig_fwd_row(const ig_fwd_op *op, idx_t m, idx_t M) {
 IG_INLINE ig_fwd_colt ig_fwd_col(const ig_fwd_op *op, idx_t k, idx_t NC) {
     ig_fwd_colt t;
     t.ok = k < NC;
-    t.wo = op->d.wo + (op->g * op->d.CY + (t.ok ? k : 0)) * op->d.ws[0];
+    t.wo = op->d.wo + (op->g * op->d.KG + (t.ok ? k : 0)) * op->d.ws[0];
     return t;
 }
 
@@ -157,7 +155,7 @@ IG_INLINE ig_fwd_redt ig_fwd_red(const ig_fwd_op *op, idx_t r, idx_t rend) {
     ig_fwd_redt t;
     idx_t c, r0, r1, r2;
     t.ok = r < rend;
-    chan_tap(d, t.ok ? r : 0, d->CX, (int)d->c_inner, &c, &r0, &r1, &r2);
+    chan_tap(d, t.ok ? r : 0, d->CG, (int)d->c_inner, &c, &r0, &r1, &r2);
     t.wo = c * d->ws[1] + r0 * d->ws[2] + r1 * d->ws[3] + r2 * d->ws[4];
     t.d0 = r0 * d->DL[0], t.d1 = r1 * d->DL[1], t.d2 = r2 * d->DL[2];
     t.xo = c * d->xs[1] + t.d0 * d->xs[2] + t.d1 * d->xs[3] + t.d2 * d->xs[4];
@@ -165,10 +163,10 @@ IG_INLINE ig_fwd_redt ig_fwd_red(const ig_fwd_op *op, idx_t r, idx_t rend) {
     return t;
 }
 
-/* Note [OpenCL tap-major steps]: channels CX, tap digits (r0, r1, r2) of radices (K1, K2); the Red of a position */
-#define ig_fwd_ch(op) ((op)->d.CX)
-#define ig_fwd_r1(op) ((op)->d.K[1])
-#define ig_fwd_r2(op) ((op)->d.K[2])
+/* Note [OpenCL tap-major steps]: channels CG, tap digits (r0, r1, r2) of radices (R1, R2); the Red of a position */
+#define ig_fwd_ch(op) ((op)->d.CG)
+#define ig_fwd_r1(op) ((op)->d.R[1])
+#define ig_fwd_r2(op) ((op)->d.R[2])
 IG_INLINE ig_fwd_redt ig_fwd_red_at(const ig_fwd_op *op, const ig_tap *p) {
     const conv_desc *d = &op->d;
     ig_fwd_redt t;
@@ -208,12 +206,12 @@ IG_INLINE idx_t ig_fwd_orow(const ig_fwd_op *op, idx_t m) {
     return d->yo + at.b * d->ys[0] + at.z * d->ys[2] + at.y * d->ys[3] + at.x * d->ys[4];
 }
 
-IG_INLINE idx_t ig_fwd_ocol(const ig_fwd_op *op, idx_t k) { return (op->g * op->d.CY + k) * op->d.ys[1]; }
+IG_INLINE idx_t ig_fwd_ocol(const ig_fwd_op *op, idx_t k) { return (op->g * op->d.KG + k) * op->d.ys[1]; }
 
 IG_INLINE void ig_fwd_put(const ig_fwd_op *op, __global T *y, __global const T *b, __global ACC *wsp, idx_t row,
                           idx_t col, idx_t k, ACC v) {
     const conv_desc *d = &op->d;
-    if (d->has_bias) v += LD(b, d->bo + (op->g * d->CY + k) * d->bs);
+    if (d->has_bias) v += LD(b, d->bo + (op->g * d->KG + k) * d->bs);
     ST(y, row + col, v);
 }
 
@@ -234,7 +232,7 @@ IG_INLINE void ig_bwd_data_init(ig_bwd_data_op *op, const conv_desc d, idx_t g, 
     op->d = d, op->g = g;
     op->q[2] = phase % d.S[2], op->q[1] = (phase / d.S[2]) % d.S[1], op->q[0] = phase / (d.S[2] * d.S[1]);
     for (int a = 0; a < 3; ++a) {
-        const idx_t X = d.X[a], R = d.K[a], S = d.S[a], P = d.P[a], q = op->q[a];
+        const idx_t X = d.X[a], R = d.R[a], S = d.S[a], P = d.P[a], q = op->q[a];
         op->E[a] = q < X ? (X - q + S - 1) / S : 0;
         op->rq[a] = (q + P) % S;
         op->T[a] = op->rq[a] < R ? (R - op->rq[a] + S - 1) / S : 0;
@@ -253,7 +251,7 @@ IG_INLINE ig_bwd_data_rowt ig_bwd_data_row(const ig_bwd_data_op *op, idx_t m, id
     const pos4 at = pos4_of(ok ? m : 0, op->E[0], op->E[1], op->E[2]);
     const idx_t n = at.b, e0 = at.z, e1 = at.y, e2 = at.x;
     t.a0 = e0 + op->c[0], t.a1 = e1 + op->c[1], t.a2 = e2 + op->c[2];
-    t.yo = d->yo + n * d->ys[0] + op->g * d->CY * d->ys[1] + t.a0 * d->ys[2] + t.a1 * d->ys[3] + t.a2 * d->ys[4];
+    t.yo = d->yo + n * d->ys[0] + op->g * d->KG * d->ys[1] + t.a0 * d->ys[2] + t.a1 * d->ys[3] + t.a2 * d->ys[4];
     if (!ok) t.a0 = d->Y[0] + op->T[0] * op->H[0]; /* out of range for every tap (r.j0 < T0 * H0) */
     return t;
 }
@@ -261,7 +259,7 @@ IG_INLINE ig_bwd_data_rowt ig_bwd_data_row(const ig_bwd_data_op *op, idx_t m, id
 IG_INLINE ig_bwd_data_colt ig_bwd_data_col(const ig_bwd_data_op *op, idx_t c, idx_t NC) {
     ig_bwd_data_colt t;
     t.ok = c < NC;
-    t.wo = op->d.wo + op->g * op->d.CY * op->d.ws[0] + (t.ok ? c : 0) * op->d.ws[1];
+    t.wo = op->d.wo + op->g * op->d.KG * op->d.ws[0] + (t.ok ? c : 0) * op->d.ws[1];
     return t;
 }
 
@@ -272,8 +270,8 @@ IG_INLINE ig_bwd_data_redt ig_bwd_data_red(const ig_bwd_data_op *op, idx_t r, id
     t.ok = r < rend;
     const idx_t rr = t.ok ? r : 0;
     if (d->c_inner) {
-        j = rr / d->CY;
-        k = rr - j * d->CY;
+        j = rr / d->KG;
+        k = rr - j * d->KG;
     } else {
         k = rr / op->tpd;
         j = rr - k * op->tpd;
@@ -290,8 +288,8 @@ IG_INLINE ig_bwd_data_redt ig_bwd_data_red(const ig_bwd_data_op *op, idx_t r, id
     return t;
 }
 
-/* Note [OpenCL tap-major steps]: channels CY, the phase's tap digits (j0, j1, j2) of radices (T1, T2) */
-#define ig_bwd_data_ch(op) ((op)->d.CY)
+/* Note [OpenCL tap-major steps]: channels KG, the phase's tap digits (j0, j1, j2) of radices (T1, T2) */
+#define ig_bwd_data_ch(op) ((op)->d.KG)
 #define ig_bwd_data_r1(op) ((op)->T[1])
 #define ig_bwd_data_r2(op) ((op)->T[2])
 IG_INLINE ig_bwd_data_redt ig_bwd_data_red_at(const ig_bwd_data_op *op, const ig_tap *p) {
@@ -335,12 +333,12 @@ IG_INLINE idx_t ig_bwd_data_orow(const ig_bwd_data_op *op, idx_t m) {
            + (op->q[2] + d->S[2] * at.x) * d->xs[4];
 }
 
-IG_INLINE idx_t ig_bwd_data_ocol(const ig_bwd_data_op *op, idx_t c) { return (op->g * op->d.CX + c) * op->d.xs[1]; }
+IG_INLINE idx_t ig_bwd_data_ocol(const ig_bwd_data_op *op, idx_t c) { return (op->g * op->d.CG + c) * op->d.xs[1]; }
 
 IG_INLINE void ig_bwd_data_put(const ig_bwd_data_op *op, __global T *dx, __global const T *b, __global ACC *wsp,
                                idx_t row, idx_t col, idx_t c, ACC v) {
     const conv_desc *d = &op->d;
-    if (d->has_bias) v += LD(b, d->bo + (op->g * d->CX + c) * d->bs);
+    if (d->has_bias) v += LD(b, d->bo + (op->g * d->CG + c) * d->bs);
     ST(dx, row + col, v);
 }
 
@@ -357,7 +355,7 @@ typedef struct { idx_t yo, xo, b0, b1, b2; int ok; } ig_bwd_weight_redt;
 IG_INLINE ig_bwd_weight_rowt ig_bwd_weight_row(const ig_bwd_weight_op *op, idx_t k, idx_t M) {
     ig_bwd_weight_rowt t;
     t.ok = k < M;
-    t.yo = op->d.yo + (op->g * op->d.CY + (t.ok ? k : 0)) * op->d.ys[1];
+    t.yo = op->d.yo + (op->g * op->d.KG + (t.ok ? k : 0)) * op->d.ys[1];
     return t;
 }
 
@@ -366,9 +364,9 @@ IG_INLINE ig_bwd_weight_colt ig_bwd_weight_col(const ig_bwd_weight_op *op, idx_t
     ig_bwd_weight_colt t;
     idx_t c, r0, r1, r2;
     const int ok = n < NC;
-    chan_tap(d, ok ? n : 0, d->CX, (int)d->c_inner, &c, &r0, &r1, &r2);
+    chan_tap(d, ok ? n : 0, d->CG, (int)d->c_inner, &c, &r0, &r1, &r2);
     t.d0 = r0 * d->DL[0] - d->P[0], t.d1 = r1 * d->DL[1] - d->P[1], t.d2 = r2 * d->DL[2] - d->P[2];
-    t.xo = d->xo + (op->g * d->CX + c) * d->xs[1] + t.d0 * d->xs[2] + t.d1 * d->xs[3] + t.d2 * d->xs[4];
+    t.xo = d->xo + (op->g * d->CG + c) * d->xs[1] + t.d0 * d->xs[2] + t.d1 * d->xs[3] + t.d2 * d->xs[4];
     if (!ok) t.d0 = d->X[0]; /* out of range for every position (r.b0 >= 0) */
     return t;
 }
@@ -400,18 +398,18 @@ IG_INLINE ACC ig_bwd_weight_B(const ig_bwd_weight_op *op, __global const T *x, c
     return LD(x, n->xo + r->xo);
 }
 
-/* The weight element (kk, n) with n = (c, tap) over CX*taps (channel-innermost when d.c_inner): its offset in dw. */
+/* The weight element (kk, n) with n = (c, tap) over CG*taps (channel-innermost when d.c_inner): its offset in dw. */
 IG_INLINE idx_t ig_weight_at(const conv_desc *d, idx_t kk, idx_t n) {
     idx_t c, r0, r1, r2;
-    chan_tap(d, n, d->CX, (int)d->c_inner, &c, &r0, &r1, &r2);
+    chan_tap(d, n, d->CG, (int)d->c_inner, &c, &r0, &r1, &r2);
     return d->wo + kk * d->ws[0] + c * d->ws[1] + r0 * d->ws[2] + r1 * d->ws[3] + r2 * d->ws[4];
 }
 
 /* With splits (d.total > 1) the workspace part (split, kk, n), else dw. */
 IG_INLINE idx_t ig_bwd_weight_orow(const ig_bwd_weight_op *op, idx_t k) {
     const conv_desc *d = &op->d;
-    const idx_t kk = op->g * d->CY + k;
-    return d->total > 1 ? (op->split * d->G * d->CY + kk) * (d->CX * d->K[0] * d->K[1] * d->K[2])
+    const idx_t kk = op->g * d->KG + k;
+    return d->total > 1 ? (op->split * d->G * d->KG + kk) * (d->CG * d->R[0] * d->R[1] * d->R[2])
                         : d->wo + kk * d->ws[0];
 }
 
@@ -437,7 +435,7 @@ __kernel void igemm_fwd(const conv_desc d, __global const T *x, __global const T
     __local ACC As[IG_AS] __attribute__((aligned(16))), Bs[IG_BS] __attribute__((aligned(16)));
     ig_fwd_op op;
     op.d = d, op.g = (idx_t)get_group_id(2);
-    ig_fwd_tile(&op, x, w, y, b, 0, d.N * d.Y[0] * d.Y[1] * d.Y[2], d.CY, 0, d.CX * d.K[0] * d.K[1] * d.K[2],
+    ig_fwd_tile(&op, x, w, y, b, 0, d.N * d.Y[0] * d.Y[1] * d.Y[2], d.KG, 0, d.CG * d.R[0] * d.R[1] * d.R[2],
                 As, Bs);
 }
 
@@ -451,7 +449,7 @@ __kernel void igemm_bwd_data(const conv_desc d, __global const T *dy, __global c
     ig_bwd_data_init(&op, d, z / phases, z % phases);
     const idx_t M = d.N * op.E[0] * op.E[1] * op.E[2];
     if ((idx_t)get_group_id(0) * IG_BM >= M) return;
-    ig_bwd_data_tile(&op, dy, w, dx, b, 0, M, d.CX, 0, d.CY * op.tp, As, Bs);
+    ig_bwd_data_tile(&op, dy, w, dx, b, 0, M, d.CG, 0, d.KG * op.tp, As, Bs);
 }
 
 /* Grid z = groups x d.total splits; split s reduces positions [s*d.red, (s+1)*d.red) of N*Y0*Y1*Y2. With one
@@ -463,7 +461,7 @@ __kernel void igemm_bwd_weight(const conv_desc d, __global const T *x, __global 
     ig_bwd_weight_op op;
     op.d = d, op.g = z / d.total, op.split = z % d.total;
     const idx_t lo = op.split * d.red, hi = min(reduction, lo + d.red);
-    ig_bwd_weight_tile(&op, dy, x, dw, 0, part, d.CY, d.CX * d.K[0] * d.K[1] * d.K[2], lo, hi, As, Bs);
+    ig_bwd_weight_tile(&op, dy, x, dw, 0, part, d.KG, d.CG * d.R[0] * d.R[1] * d.R[2], lo, hi, As, Bs);
 }
 
 /* dw = the sum of the d.red splits' partial tiles, in split order; one work-item per weight element of d.total. */
@@ -473,6 +471,6 @@ __kernel void igemm_finalize(const conv_desc d, __global const ACC *part, __glob
     ACC acc = 0;
     for (idx_t s = 0; s < d.red; ++s) acc += part[s * d.total + e];
     const conv_desc dd = d;
-    const idx_t row = d.CX * d.K[0] * d.K[1] * d.K[2];
+    const idx_t row = d.CG * d.R[0] * d.R[1] * d.R[2];
     ST(dw, ig_weight_at(&dd, e / row, e % row), acc);
 }

@@ -13,8 +13,8 @@
  *             from zero, as cvt.rna; NaN stays NaN), so a plan runs it only where TF32 is allowed
  *   float16   m16n8k16 .f16  x .f16  -> .f32  staged as float (exact), packed in pairs with cvt.rn.f16x2.f32
  *   bfloat16  m16n8k16 .bf16 x .bf16 -> .f32  staged as float (exact), packed in pairs by their upper halves
- * IG_MMA_PTX: the mma is NVIDIA's inline PTX mma.sync (sm_80 and newer; NVIDIA's OpenCL compiler takes inline PTX,
- * scripts/gpu/ocl_ptx_probe.py). Without it each work-item computes the same four results per 16 x 8 tile from the
+ * IG_MMA_PTX: the mma is NVIDIA's inline PTX mma.sync (sm_80 and newer; NVIDIA's OpenCL compiler takes inline PTX).
+ * Without it each work-item computes the same four results per 16 x 8 tile from the
  * staged tiles in plain OpenCL C: the tile's layout, staging, rounding and result ownership, portable to any device
  * (PoCL included, so CI runs this tile), at FMA speed.
  */

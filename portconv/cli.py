@@ -8,91 +8,9 @@ import statistics
 import sys
 import time
 
+from .driverflags import _directions, _dtype, _mask, add_problem_flags, case_from_args
+
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
-DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "fp64": "float64", "double": "float64", "fp16": "float16",
-                 "half": "float16", "bf16": "bfloat16", "bfp16": "bfloat16"}
-LAYOUT_ALIASES = {"nchw": "contig", "ncw": "contig", "ncdhw": "contig", "contiguous": "contig", "contig": "contig",
-                  "nhwc": "chlast", "nwc": "chlast", "ndhwc": "chlast", "channels_last": "chlast",
-                  "channels_last_3d": "chlast", "chlast": "chlast", "strided": "strided"}
-DIRECTIONS = {"fwd": 1, "bwd-data": 2, "bwd": 2, "bwd-weight": 4, "wrw": 4, "all": 7}  # -F: MIOpenDriver's bits
-
-
-def _dtype(s: str) -> str:
-    from .conformance.reference import DTYPES
-
-    name = DTYPE_ALIASES.get(s.lower(), s.lower())
-    if name not in DTYPES:
-        raise argparse.ArgumentTypeError(f"unknown dtype {s!r} (float32, float64, float16, bfloat16)")
-    return name
-
-
-def _layout(s: str) -> str:
-    try:
-        return LAYOUT_ALIASES[s.lower()]
-    except KeyError:
-        raise argparse.ArgumentTypeError(f"unknown layout {s!r} (NCHW, NHWC, strided)") from None
-
-
-def _directions(s: str) -> int:
-    """-F as MIOpenDriver has it (0 all, 1 fwd, 2 bwd-data, 4 bwd-weight, sums) or names joined by ','."""
-    if s.isdigit():
-        v = int(s)
-        if not 0 <= v <= 7:
-            raise argparse.ArgumentTypeError("-F takes 0..7 (1 fwd, 2 bwd-data, 4 bwd-weight, 0 all)")
-        return v or 7
-    try:
-        return sum({DIRECTIONS[p.strip().lower()] for p in s.split(",")})
-    except KeyError:
-        raise argparse.ArgumentTypeError(f"unknown direction in {s!r} (fwd, bwd-data, bwd-weight, all)") from None
-
-
-def _mask(s: str) -> tuple[bool, bool, bool]:
-    if len(s) != 3 or set(s) - {"0", "1"} or s == "000":
-        raise argparse.ArgumentTypeError("--mask takes three bits (grad_input, grad_weight, grad_bias), e.g. 110")
-    return tuple(c == "1" for c in s)  # type: ignore[return-value]
-
-
-# --- the problem flags (shared by conv and explain; `portconv bench` of issue 5 will reuse them) ---------
-def add_problem_flags(p: argparse.ArgumentParser) -> None:
-    from .conformance.cases import FLAGS
-
-    g = p.add_argument_group("problem (MIOpenDriver's flags; 1-D problems use the W flags)")
-    g.add_argument("-_", "--spatial_dim", dest="spatial_dim", type=int, default=2, choices=(1, 2, 3))
-    g.add_argument("-n", "--batchsize", dest="n", type=int, default=4, help="batch size (default 4)")
-    g.add_argument("-c", "--in_channels", dest="c", type=int, default=3)
-    g.add_argument("-k", "--out_channels", dest="k", type=int, default=32)
-    defaults = {"spatial": 32, "kernel": 3, "padding": 0, "stride": 1, "dilation": 1, "output_padding": 0}
-    for field, dims in FLAGS.items():
-        for dim, (long, short) in dims.items():
-            g.add_argument(short, long, dest=f"{field}_{dim}", type=int, default=defaults[field],
-                           metavar="N", help=f"{field.replace('_', ' ')} {dim.upper()} (default {defaults[field]})")
-    g.add_argument("-z", "--pad_mode", default="default", choices=("default", "same", "valid"))
-    g.add_argument("-g", "--group_count", dest="groups", type=int, default=1)
-    g.add_argument("-m", "--mode", default="conv", choices=("conv", "trans"), help="conv or trans (transposed)")
-    g.add_argument("-b", "--bias", type=int, default=0, choices=(0, 1))
-    g.add_argument("--dtype", type=_dtype, default="float32", help="float32 (default), float64, float16, bfloat16")
-    g.add_argument("-I", "--layout", "--in_layout", dest="layout", type=_layout, default="contig",
-                   help="NCHW (default), NHWC (channels-last, any rank) or strided (a non-contiguous view)")
-    p.add_argument("--backend", default=None, help="force a backend (default: portconv's automatic plan)")
-    p.add_argument("--device", default=None, help="torch device of the tensors (default: what the backend takes)")
-
-
-def case_from_args(a, mask=(True, True, True)):
-    from .conformance.cases import DIMS, Case
-
-    dims = DIMS[a.spatial_dim]
-
-    def vec(field):
-        return tuple(getattr(a, f"{field}_{d}") for d in dims)
-
-    pad = a.pad_mode if a.pad_mode != "default" else vec("padding")
-    case = Case(rank=a.spatial_dim, n=a.n, c=a.c, k=a.k, spatial=vec("spatial"), kernel=vec("kernel"),
-                stride=vec("stride"), padding=pad, dilation=vec("dilation"), groups=a.groups,
-                transposed=a.mode == "trans", output_padding=vec("output_padding") if a.mode == "trans" else (),
-                bias=bool(a.bias), mask=mask, layout=a.layout, family="cli")
-    return case
-
-
 def _device(a):
     import torch
 
@@ -122,10 +40,8 @@ def _indent(text: str, pad: str = "  ") -> str:
 
 # --- portconv devices --------------------------------------------------------------------------------------------
 def cmd_devices(a) -> int:
-    import os
-
     from . import backends
-    from .knobs import KNOBS
+    from .knobs import KNOBS, options, raw
 
     rows = []
     for bid in backends.all_ids():
@@ -142,7 +58,7 @@ def cmd_devices(a) -> int:
             except Exception as e:  # noqa: BLE001 - shown in the listing
                 dev_err = f"devices() raised {type(e).__name__}: {e}"
         rows.append({"backend": str(bid), "available": ok, "reason": why, "devices": devs, "error": dev_err})
-    knobs = {k: os.environ.get(k) for k in KNOBS}
+    knobs = raw()
     vers = {}
     for dist in ("torch", "numpy", "pyopencl", "pocl-binary-distribution", "cupy-cuda12x", "cupy-cuda13x",
                  "cupy-rocm-7-0"):
@@ -164,12 +80,14 @@ def cmd_devices(a) -> int:
             print(f"      {r['error']}")
     from .backends.miopen import miopen_settings
 
-    print("MIOpen settings (read by MIOpen on ROCm builds of PyTorch; see docs/hip.md):")
+    print("MIOpen settings (read by MIOpen on ROCm builds of PyTorch; see docs/kernels/hip.md):")
     for name, value, meaning in miopen_settings():
         print(f"  {name:<32} {value:<10} {meaning}")
-    print("knobs:")
-    for k, help_ in KNOBS.items():
-        print(f"  {k:<24} {knobs[k] if knobs[k] is not None else '(unset)':<10} {help_}")
+    print("knobs (read once, at first use: Note [knobs]):")
+    for k in KNOBS:
+        print(f"  {k.name:<24} {knobs[k.name] if knobs[k.name] is not None else '(unset)':<10} {k.help}")
+    if options().describe():
+        print(f"options: {options().describe()}")
     print("installed: " + ", ".join(f"{k} {v}" for k, v in vers.items()))
     return EXIT_OK
 
@@ -239,7 +157,9 @@ def cmd_conv(a) -> int:
     device = _device(a)
     inputs = make_inputs(case, a.dtype, device, output_shape(case))
     plan = _plan_or_exit(case, inputs, a.backend)
-    print(f"problem: {case.describe()}\nplan:\n{_indent(plan.explain())}")
+    results = (("output",) if steps and steps[0][0] == "forward" else ()) + tuple(
+        r for r, on in zip(("grad_input", "grad_weight", "grad_bias"), union) if on)
+    print(f"problem: {case.describe()}\nplan:\n{_indent(plan.explain(results=results))}")
     ref = reference(case, inputs) if a.verify else None
     lengths = case.reduction_lengths()
     args = case.conv_args()
@@ -284,7 +204,7 @@ def cmd_conv(a) -> int:
 
 def _compile_report() -> str:
     """What the first calls spent making kernels ready: NVRTC/hiprtc compiles or disk-cache reads (cuda, hip)."""
-    mod = sys.modules.get("portconv.backends._cupy")
+    mod = sys.modules.get("portconv.backends.simt.compile")
     events = mod.compile_events() if mod is not None else []
     if not events:
         return ("\nkernel compile: no run-time compile recorded in this process (OpenCL programs come from "
@@ -333,19 +253,23 @@ def cmd_explain(a) -> int:
 
     rows = [(None, case_from_args(a), a.dtype)] if not a.suite else _suite_cases(a.suite, a.row)
     device = _device(a)
+    shown = set()  # devices already printed: a suite prints each once
     for name, case, dtype in rows:
         inputs = make_inputs(case, dtype, device, output_shape(case), fill=False)
         plan = _plan_or_exit(case, inputs, a.backend)
+        if plan.device not in shown:
+            shown.add(plan.device)
+            print(f"device {plan.device.describe(versions=False)}\n  versions: {plan.device.describe_versions()}\n")
         if name:
             print(f"== {name}")
-        print(f"portconv plan:\n{_indent(plan.explain())}")
+        print(f"portconv plan:\n{_indent(plan.explain(device=False))}")
         print(f"ATen model (portconv.rules): {_aten_model(plan.problem, device)}")
         print(f"torch on this machine:       {_torch_says(plan.problem, inputs)}\n")
     return EXIT_OK
 
 
 def _suite_cases(path: str, row: str | None):
-    """(name, case, dtype) for the rows of a bench suite file (../shared/bench/suite.json's format)."""
+    """(name, case, dtype) for the rows of a bench suite file (portconv/bench/suite.json's format)."""
     from .conformance.cases import Case
 
     with open(path) as f:

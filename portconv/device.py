@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import platform
 
 
@@ -45,10 +46,13 @@ class DeviceInfo:
     def version(self, component: str, default: str = "") -> str:
         return dict(self.versions).get(component, default)
 
-    def describe(self) -> str:
-        vers = ", ".join(f"{k} {v}" for k, v in self.versions)
+    def describe(self, versions: bool = True) -> str:
         wave = f", wave{self.wavefront}" if self.wavefront else ""
-        return f"{self.name} [{self.vendor} {self.kind} {self.arch}{wave}] ({vers})"
+        head = f"{self.name} [{self.vendor} {self.kind} {self.arch}{wave}]"
+        return f"{head} ({self.describe_versions()})" if versions else head
+
+    def describe_versions(self) -> str:
+        return ", ".join(f"{k} {v}" for k, v in self.versions)
 
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -73,6 +77,12 @@ def _torch_versions() -> list[tuple[str, str]]:
     if v:
         out.append(("miopen" if getattr(torch.version, "hip", None) else "cudnn", str(v)))
     return out
+
+
+@functools.cache
+def torch_cuda(index: int) -> DeviceInfo:
+    """from_torch_cuda, read once per device and process."""
+    return from_torch_cuda(index)
 
 
 def from_torch_cuda(index: int) -> DeviceInfo:

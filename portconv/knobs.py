@@ -1,50 +1,195 @@
-"""Environment knobs, gathered in one place and read on use (so tests and context managers can change them)."""
+"""Every knob portconv reads: the PORTCONV_* environment (typed, read once) and the developer Options."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import dataclasses
 import os
+from collections.abc import Callable
 
-# name -> help text, printed by `portconv devices`
-KNOBS = {
-    "PORTCONV_BACKEND": "force one backend for every call (opencl, cuda, hip, cudnn, miopen, aten)",
-    "PORTCONV_DISABLE": "comma-separated backends the planner must not choose",
-    "PORTCONV_OPENCL_DEVICE": ("OpenCL device for CPU tensors: 'P:D' indices, 'gpu', 'cpu' or a substring of the "
-                               "platform/device name (default: the first GPU, else the first CPU device)"),
-    "PORTCONV_OPENCL_DENSE": ("OpenCL kernels for dense (not depthwise) problems: 'igemm' (tiled implicit GEMM) or "
-                              "'direct' (default: igemm on GPUs, the measured choice on CPUs); read when a plan is "
-                              "made (part of the plan cache's key)"),
-    "PORTCONV_OPENCL_TC": ("tensor-core products in the OpenCL implicit-GEMM tiles (Note [OpenCL tensor cores]): "
-                           "'off', 'ptx' or 'portable' (the same tile with plain OpenCL C products, any device); "
-                           "default: ptx on NVIDIA GPUs of sm_80 and newer (float32 only where torch allows TF32 for "
-                           "cuDNN convolutions), else off; read when a plan is made"),
-    "PORTCONV_POISON": "1: fill outputs with NaN before kernels run (the conformance suite sets it)",
-    "PORTCONV_CACHE_DIR": "directory for compiled kernels and tuning results (default ~/.cache/portconv)",
-    "PORTCONV_TUNE": "1: time candidate algorithms once per problem and persist the winner",
-    "PORTCONV_CUDA_PDL": ("0: launch a replayed split finalize the ordinary way instead of as a dependent launch "
-                          "(Note [dependent launch], sm_90 and newer); read when the CUDA driver is first loaded"),
-}
+# Note [knobs]
+# This module is the only reader of portconv's environment variables. They are read once, on first use, into a
+# frozen Env; a process that changes one later calls reload() (tests: the `knobs` fixture of tests/conftest.py).
+# Every value is parsed when read: a malformed one raises ValueError naming the variable and what it takes.
+# Kernel choices for sweeps and tests are not environment variables: they are fields of Options, set with
+# portconv.options(...) for a block, and part of every plan's cache key like the Env itself.
+
+BACKENDS = ("opencl", "cuda", "hip", "cudnn", "miopen", "aten")
+OPENCL_DENSE = ("direct", "igemm")  # Note [OpenCL dense algorithm]
+OPENCL_TC = ("off", "ptx", "portable")  # Note [OpenCL tensor cores]
+ALGORITHMS = ("direct", "implicit_gemm", "igemm-tc", "depthwise")  # the own kernel sets' families
+TC_TILES = ("128x128", "128x64", "64x128", "128x16")  # Note [tile rule] (cuda/conv_igemm_tc.cuh)
 
 
-def get(name: str, default: str | None = None) -> str | None:
-    assert name in KNOBS, name
-    v = os.environ.get(name)
-    return v if v not in (None, "") else default
+def _flag(name: str, v: str) -> bool:
+    low = v.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name}={v!r}: expected 1 or 0")
 
 
-def backend() -> str | None:
-    return get("PORTCONV_BACKEND")
+def _one_of(values: tuple[str, ...]) -> Callable[[str, str], str]:
+    def parse(name: str, v: str) -> str:
+        low = v.strip().lower()
+        if low not in values:
+            raise ValueError(f"{name}={v!r}: expected one of {', '.join(values)}")
+        return low
+    return parse
 
 
-def disabled() -> frozenset[str]:
-    return frozenset(s.strip().lower() for s in (get("PORTCONV_DISABLE") or "").split(",") if s.strip())
+def _backend(name: str, v: str) -> str | None:
+    low = v.strip().lower()
+    return None if low == "auto" else _one_of(BACKENDS)(name, low)
 
 
-def poison() -> bool:
-    return get("PORTCONV_POISON", "0") not in ("0", "false", "no")
+def _backend_set(name: str, v: str) -> frozenset[str]:
+    return frozenset(_one_of(BACKENDS)(name, s) for s in v.split(",") if s.strip())
 
 
-def tune() -> bool:
-    return get("PORTCONV_TUNE", "0") not in ("0", "false", "no")
+def _text(name: str, v: str) -> str:
+    return v
 
 
-def cache_dir() -> str:
-    return get("PORTCONV_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "portconv")
+def _default_cache() -> str:
+    return os.path.join(os.path.expanduser("~"), ".cache", "portconv")
+
+
+@dataclasses.dataclass(frozen=True)
+class Knob:
+    name: str
+    field: str  # the Env field it sets
+    parse: Callable[[str, str], object]
+    help: str
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("PORTCONV_BACKEND", "backend", _backend,
+         "force one backend for every call: " + ", ".join(BACKENDS) + " (auto: the planner's choice)"),
+    Knob("PORTCONV_DISABLE", "disable", _backend_set, "comma-separated backends the planner must not choose"),
+    Knob("PORTCONV_OPENCL_DEVICE", "opencl_device", _text,
+         "OpenCL device for CPU tensors: 'P:D', 'gpu', 'cpu' or a substring of the platform or device name "
+         "(default: the first GPU, else the first CPU device whose compiler works)"),
+    Knob("PORTCONV_OPENCL_DENSE", "opencl_dense", _one_of(OPENCL_DENSE),
+         "OpenCL kernels for dense problems: igemm (tiled implicit GEMM, the default) or direct"),
+    Knob("PORTCONV_OPENCL_TC", "opencl_tc", _one_of(OPENCL_TC),
+         "tensor-core products in the OpenCL implicit GEMM: off, ptx, portable (plain OpenCL C, any device); "
+         "default: ptx on NVIDIA sm_80+ where TF32 rules allow, else off"),
+    Knob("PORTCONV_POISON", "poison", _flag, "1: fill results with NaN before kernels run (the conformance suite)"),
+    Knob("PORTCONV_CACHE_DIR", "cache_dir", _text,
+         "folder of compiled kernels and tuning results (default ~/.cache/portconv)"),
+    Knob("PORTCONV_TUNE", "tune", _flag, "1: time the candidate backends once per problem and keep the fastest"),
+    Knob("PORTCONV_CUDA_PDL", "cuda_pdl", _flag,
+         "0: launch split finalizes the ordinary way, not as dependent launches (Note [dependent launch])"),
+)
+KNOB_NAMES = tuple(k.name for k in KNOBS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Env:
+    """The PORTCONV_* environment, parsed."""
+
+    backend: str | None = None
+    disable: frozenset[str] = frozenset()
+    opencl_device: str | None = None
+    opencl_dense: str | None = None
+    opencl_tc: str | None = None
+    poison: bool = False
+    cache_dir: str = dataclasses.field(default_factory=_default_cache)
+    tune: bool = False
+    cuda_pdl: bool = True
+
+    @classmethod
+    def read(cls, environ=None) -> Env:
+        environ = os.environ if environ is None else environ
+        values = {}
+        for k in KNOBS:
+            raw = environ.get(k.name)
+            if raw not in (None, ""):
+                values[k.field] = k.parse(k.name, raw)
+        return cls(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Developer overrides of the own kernel sets' choices: typed, validated, part of every plan's cache key.
+
+    None (False) everywhere is the default plan; a field that is set forces that choice where it applies and
+    raises Unsupported (with the reason) where the problem cannot take it."""
+
+    algorithm: str | None = None  # the kernel family: ALGORITHMS
+    igemm_tile: str | None = None  # the CUDA/HIP tensor-core tile of every implicit-GEMM launch: TC_TILES
+    opencl_dense: str | None = None  # overrides PORTCONV_OPENCL_DENSE
+    opencl_tc: str | None = None  # overrides PORTCONV_OPENCL_TC
+    index64: bool = False  # 64-bit index variants of every kernel (tests: real problems need 2^31 elements)
+
+    def __post_init__(self):
+        for name, allowed in (("algorithm", ALGORITHMS), ("igemm_tile", TC_TILES), ("opencl_dense", OPENCL_DENSE),
+                              ("opencl_tc", OPENCL_TC)):
+            v = getattr(self, name)
+            if v is not None and v not in allowed:
+                raise ValueError(f"portconv.options({name}={v!r}): expected one of {', '.join(allowed)}")
+
+    def describe(self) -> str:
+        """The fields that are set, as 'name=value' (empty for the default)."""
+        return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
+                         if getattr(self, f.name) not in (None, False))
+
+
+DEFAULT_OPTIONS = Options()
+
+_env: Env | None = None
+_env_override: contextvars.ContextVar[Env | None] = contextvars.ContextVar("portconv_env", default=None)
+_options: contextvars.ContextVar[Options] = contextvars.ContextVar("portconv_options", default=DEFAULT_OPTIONS)
+_reload_hooks: list[Callable[[], None]] = []  # caches that hold what the environment decided (plans)
+
+
+def env() -> Env:
+    """The PORTCONV_* environment as read at first use (or by reload()), or a with_env() block's."""
+    e = _env_override.get()
+    if e is not None:
+        return e
+    global _env
+    if _env is None:
+        _env = Env.read()
+    return _env
+
+
+def reload() -> Env:
+    """Read the PORTCONV_* environment again (after a change in this process) and drop what it decided."""
+    global _env
+    _env = Env.read()
+    for hook in _reload_hooks:
+        hook()
+    return _env
+
+
+@contextlib.contextmanager
+def with_env(**fields):
+    """Within the block, env() has these fields replaced (e.g. poison=True), whatever the environment says."""
+    token = _env_override.set(dataclasses.replace(env(), **fields))
+    try:
+        yield
+    finally:
+        _env_override.reset(token)
+
+
+def options() -> Options:
+    """The developer options in force (portconv.options(...) blocks, innermost last)."""
+    return _options.get()
+
+
+@contextlib.contextmanager
+def use_options(**fields):
+    """portconv.options(...): within the block, plans are made with these Options fields set."""
+    token = _options.set(dataclasses.replace(_options.get(), **fields))
+    try:
+        yield _options.get()
+    finally:
+        _options.reset(token)
+
+
+def raw() -> dict[str, str | None]:
+    """Every knob's raw environment value (None when unset), for reports."""
+    return {k.name: os.environ.get(k.name) for k in KNOBS}

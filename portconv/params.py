@@ -19,12 +19,10 @@ def _int_list(value: IntOrSeq, fname: str, rank: int) -> list[int]:
     """What Python's argument parser hands to ATen: an int becomes ``rank`` copies, a sequence stays as it is."""
     if isinstance(value, bool):
         raise TypeError(f"argument '{fname}' must be tuple of ints, not bool")
-    try:
-        return [operator.index(value)] * rank
-    except TypeError:
-        pass
     if isinstance(value, str):
         raise TypeError(f"argument '{fname}' must be tuple of ints, not str")
+    if not isinstance(value, (tuple, list)) and hasattr(type(value), "__index__"):  # no exception on the common path:
+        return [operator.index(value)] * rank  # torch.compile traces this, and older dynamo cannot catch one
     try:
         return [operator.index(v) for v in value]
     except TypeError:

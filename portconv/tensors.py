@@ -113,6 +113,18 @@ def torch_dtype_name(dtype) -> str:
 
 
 ARRAY_DEVICE_TYPES = {"pyopencl": "opencl", "cupy": "cuda"}  # TensorSpec.device_type of each array kind
+KINDS = ("torch", "pyopencl", "cupy")
+
+
+def kind_of(x) -> str | None:
+    """'torch', 'pyopencl' or 'cupy' by the object's defining package (no import of any of them); None otherwise.
+    The one test of what a tensor is: every module asks this."""
+    kind = (type(x).__module__ or "").partition(".")[0]
+    return kind if kind in KINDS else None
+
+
+def is_torch(x) -> bool:
+    return kind_of(x) == "torch"
 
 
 def _opencl_device(x):
@@ -122,7 +134,7 @@ def _opencl_device(x):
 
 def _opencl_index(x) -> int:
     """A pyopencl array's device as its position among all OpenCL devices."""
-    from .backends._cl_runtime import flat_index
+    from .backends.opencl.runtime import flat_index
 
     return flat_index(_opencl_device(x))
 
@@ -130,7 +142,7 @@ def _opencl_index(x) -> int:
 def array_key(x) -> tuple | None:
     """Everything spec_of reads of a pyopencl or cupy array, hashable and cheap (Note [fast path] in functional.py):
     (kind, type, shape, byte strides, dtype, the device's OpenCL handle or CUDA ordinal); None for anything else."""
-    kind = (type(x).__module__ or "").partition(".")[0]
+    kind = kind_of(x)
     if kind == "pyopencl":
         return kind, type(x), x.shape, x.strides, x.dtype, _opencl_device(x).int_ptr
     if kind == "cupy":
@@ -140,16 +152,16 @@ def array_key(x) -> tuple | None:
 
 def spec_of(x) -> TensorSpec:
     """Describe a torch tensor, pyopencl array or cupy array; raises TypeError for anything else."""
-    mod = type(x).__module__ or ""
-    if mod.startswith("torch"):
+    kind = kind_of(x)
+    if kind == "torch":
         dev = x.device
         return TensorSpec(tuple(x.shape), tuple(x.stride()), torch_dtype_name(x.dtype), dev.type, dev.index, "torch")
-    if mod.startswith("pyopencl"):
+    if kind == "pyopencl":
         item = x.dtype.itemsize
         dt = _NUMPY_TO_TORCH.get(x.dtype.name, x.dtype.name)
         return TensorSpec(tuple(x.shape), tuple(s // item for s in x.strides), dt, ARRAY_DEVICE_TYPES["pyopencl"],
                           _opencl_index(x), "pyopencl")
-    if mod.startswith("cupy"):
+    if kind == "cupy":
         item = x.dtype.itemsize
         dt = _NUMPY_TO_TORCH.get(x.dtype.name, x.dtype.name)
         return TensorSpec(tuple(x.shape), tuple(s // item for s in x.strides), dt, ARRAY_DEVICE_TYPES["cupy"],

@@ -1,13 +1,12 @@
 """Parameter and shape validation with PyTorch's own error texts (Convolution.cpp); device-free."""
 from __future__ import annotations
 
-import dataclasses
-import functools
-import sys
 from collections.abc import Sequence
 
 from .errors import ConvError
 from .params import ConvParams, _sizes
+from .rules.context import CpuFacts
+from .rules.select import mkldnn_takes
 from .tensors import TensorSpec
 
 INT64_MAX = 2**63 - 1
@@ -183,43 +182,12 @@ def _numel(shape: Sequence[int]) -> int:
 # choice (use_mkldnn for the CPU, as portconv.rules does in full). Where the selected kernel would only fail
 # with an internal oneDNN/cuDNN message (zero-size kernels, a transposed output size below 1, a wrong
 # grad_output), portconv raises the slow kernels' text instead. pyopencl/cupy arrays use the plain texts.
-@dataclasses.dataclass(frozen=True)
-class CpuFacts:
-    """The run-time facts ATen's use_mkldnn reads (read from torch only if the caller already imported it)."""
-
-    mkldnn: bool = True
-    bf16: bool = False
-    fp16: bool = False
-    threads: int = 1
-
-
-@functools.cache
-def _mkldnn_lowp() -> tuple[bool, bool]:
-    torch = sys.modules["torch"]
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()), bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
-
-
-def cpu_facts() -> CpuFacts:
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return CpuFacts()
-    bf16, fp16 = _mkldnn_lowp()
-    return CpuFacts(torch.backends.mkldnn.is_available() and bool(torch.backends.mkldnn.enabled), bf16, fp16,
-                    torch.get_num_threads())
-
-
 def use_mkldnn(input_shape: Sequence[int], weight_shape: Sequence[int], dtype: str, params: ConvParams,
                facts: CpuFacts) -> bool:
-    """ConvParams::use_mkldnn for a CPU input (Convolution.cpp, torch 2.13), on the 1-d -> 2-d view."""
-    i, w, p = _view(input_shape, len(weight_shape)), _view(weight_shape, len(weight_shape)), params
-    if not facts.mkldnn or (p.transposed and any(op >= s for op, s in zip(p.output_padding, p.stride))):
-        return False
-    if (dtype == "bfloat16" and facts.bf16) or (dtype == "float16" and facts.fp16):
-        return True
-    strided, dilated = any(s != 1 for s in p.stride), any(d != 1 for d in p.dilation)
-    return dtype == "float32" and (
-        (strided or dilated or i[0] >= 16 or w[-1] != 1 or w[-2] != 1 or facts.threads > 1)
-        and (p.groups > 1 or (w[-1] > 3 and w[-2] > 3) or i[0] > 1 or i[0] * i[1] * i[2] * i[3] > 20480))
+    """ConvParams::use_mkldnn for a CPU input (rules.mkldnn_takes on the 1-d -> 2-d view)."""
+    dim = len(weight_shape)
+    return bool(mkldnn_takes(_vparams(params, dim), _view(input_shape, dim), _view(weight_shape, dim), dtype, "cpu",
+                             facts))
 
 
 def _family(input: TensorSpec, weight: TensorSpec, params: ConvParams) -> str:
@@ -228,7 +196,7 @@ def _family(input: TensorSpec, weight: TensorSpec, params: ConvParams) -> str:
         return "plain"
     if input.device_type == "cpu":
         shape = padded_shape(input.shape, params)
-        return "mkldnn" if use_mkldnn(shape, weight.shape, input.dtype, params, cpu_facts()) else "slow"
+        return "mkldnn" if use_mkldnn(shape, weight.shape, input.dtype, params, CpuFacts.from_torch()) else "slow"
     if input.device_type == "cuda":
         op_big = params.transposed and any(op >= s for op, s in zip(params.output_padding, params.stride))
         return "slow" if op_big or (params.is_depthwise(input.shape, weight.shape) and input.dtype != "float16") \

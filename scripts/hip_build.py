@@ -4,7 +4,7 @@
 Usage: python scripts/hip_build.py [--targets gfx90a,gfx940,gfx1030] [--jobs N] [--strict] [--json FILE]
 
 Each hip/*.hip module is compiled with HIP_PLATFORM=amd hipcc --genco for every target and every define set the
-hip backend uses at run time (portconv.backends.hip.DEFINE_SETS), with the backend's own options
+hip backend uses at run time (portconv.backends.simt.hip.DEFINE_SETS), with the backend's own options
 (compile_options) plus the warning flags below. A unit fails on any error, on any warning of WRONG_CODE, on a
 code object whose wavefront size differs from the target's, or on a kernel the backend launches that the code
 object lacks. Other warnings are printed (and fail with --strict). Needs no GPU and no torch.
@@ -27,7 +27,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from portconv.backends import hip as hipbackend  # noqa: E402  (pure Python: no torch, no cupy)
+from portconv.backends.simt import hip as hipbackend  # noqa: E402  (pure Python: no torch, no cupy)
 
 TARGETS = ("gfx90a", "gfx940", "gfx1030")
 WARN_FLAGS = ("-Wall", "-Wextra", "-Wno-unused-parameter")
@@ -234,7 +234,7 @@ def hiprtc_compile(lib, text: str, name: str, options) -> tuple[int, str, bytes]
 
 def run_hiprtc(targets=("gfx90a", "gfx1030"), dtypes=(0, 2), log=print) -> list[Result]:
     """Compile each module's run-time text (headers inlined, as HipKernelSet hands it to hiprtc) with hiprtc."""
-    from portconv.backends import _cupy
+    from portconv.backends.simt.compile import inline_source
 
     lib = load_hiprtc()
     if lib is None:
@@ -244,7 +244,7 @@ def run_hiprtc(targets=("gfx90a", "gfx1030"), dtypes=(0, 2), log=print) -> list[
     with tempfile.TemporaryDirectory(prefix="portconv-hiprtc-") as tmp:
         for t in targets:
             for module, entry in hipbackend.MODULES.items():
-                text = _cupy.inline_source(entry, [ROOT / "hip", ROOT / "cuda"])
+                text = inline_source(entry, [ROOT / "hip", ROOT / "cuda"])
                 for d in dtypes:
                     unit = Unit(module, t, {"PC_DTYPE": d, "PC_INDEX64": 0}, ("hiprtc",))
                     opts = (*hipbackend.compile_options("amd", hipbackend.wave_of(t), version or None),

@@ -16,7 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from portconv import sources  # noqa: E402
-from portconv.backends._cupy import inline_source  # noqa: E402
+from portconv.backends.simt.compile import inline_source  # noqa: E402
 
 
 def libnvrtc() -> ctypes.CDLL:

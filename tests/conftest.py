@@ -12,6 +12,12 @@ def pytest_addoption(parser):
                      help="dtype(s) of the conformance run (repeatable; default float32 and float64)")
 
 
+def pytest_generate_tests(metafunc):
+    """A test that takes ``backend`` runs once per requested backend (--backend; default opencl)."""
+    if "backend" in metafunc.fixturenames:
+        metafunc.parametrize("backend", metafunc.config.getoption("--backend") or ["opencl"])
+
+
 @pytest.fixture(scope="session")
 def requested_backends(request) -> list[str]:
     return request.config.getoption("--backend") or ["opencl"]
@@ -26,3 +32,33 @@ def require_backend(name: str):
     if not avail:
         pytest.fail(f"backend '{name}' was requested but is unavailable: {avail.reason}", pytrace=False)
     return impl
+
+
+@pytest.fixture
+def knob_env(monkeypatch):
+    """Set PORTCONV_* variables for one test: ``knob_env("PORTCONV_POISON", "1")`` sets (None: unsets) and reloads
+    portconv's knobs (Note [knobs]); the environment and the knobs are restored afterwards."""
+    from portconv import knobs
+
+    def set_(name: str, value: str | None):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+        knobs.reload()
+
+    yield set_
+    monkeypatch.undo()
+    knobs.reload()
+
+
+@pytest.fixture
+def opencl_env(knob_env):
+    """The OpenCL kernel-set tests' setting: outputs NaN-poisoned (an unwritten element stays NaN and fails), the
+    opencl backend required, the FMA tiles unless a test asks for the tensor-core tile."""
+    import portconv
+
+    knob_env("PORTCONV_POISON", "1")
+    require_backend("opencl")
+    with portconv.options(opencl_tc="off"):
+        yield

@@ -1,4 +1,5 @@
-"""The CPU emulator's tensors stand-in, shared by the cuda and hip emulator tests (tests/cuda_emu)."""
+"""The CPU emulator's Loader, shared by the cuda and hip emulator tests: the simt set's Programs on torch CPU tensors,
+their kernels built from the cuda/ bodies with g++ against tests/cuda_emu and launched by pc_emu_launch."""
 from __future__ import annotations
 
 import ctypes
@@ -7,20 +8,28 @@ import subprocess
 
 import torch
 
-from portconv.backends._cupy import Tensors, inline_source
+from portconv.backends.program import Program
+from portconv.backends.simt.compile import inline_source
+from portconv.backends.simt.runtime import Executable
+from portconv.backends.simt.view import ARG_COUNT
+from portconv.problem import Layout
 
 EMU_DIR = pathlib.Path(__file__).resolve().parent / "cuda_emu"
 CUDA_DIR = pathlib.Path(__file__).resolve().parents[1] / "cuda"
+_BLOCK = ctypes.c_int64 * ARG_COUNT
 
 
 class EmuKernels:
-    """KernelSet stand-in: the cuda bodies built once per (entry, defines) with g++ against the CPU emulator
-    prelude; ``warp`` forces PC_WARP_SIZE (the hip tests' wave64)."""
+    """KernelSet stand-in: the cuda bodies of a Module (a hip/ entry builds its cuda/ twin) built once per
+    (entry, defines) with g++ against the CPU emulator prelude; ``warp`` forces PC_WARP_SIZE (the hip tests' wave64);
+    ``extra``: defines added to every build (the tile kernels' compile-time switches)."""
 
-    def __init__(self, tmp: pathlib.Path, warp: int | None = None):
-        self.tmp, self.warp, self.libs = tmp, warp, {}
+    def __init__(self, tmp: pathlib.Path, warp: int | None = None, extra: dict | None = None):
+        self.tmp, self.warp, self.extra, self.libs = tmp, warp, dict(extra or {}), {}
 
-    def function(self, entry, defines, device, name):
+    def function(self, module, device, name):
+        entry = pathlib.Path(module.source).stem + ".cu"
+        defines = {**dict(module.defines), **{k: str(v) for k, v in self.extra.items()}}
         key = (entry, tuple(sorted(defines.items())))
         if key not in self.libs:
             src = inline_source(entry, [EMU_DIR, CUDA_DIR]) + "\n" + inline_source("launch.cuh", [EMU_DIR])
@@ -39,43 +48,49 @@ class EmuKernels:
         return lib, ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
 
 
-class EmuTensors:
-    """Tensors stand-in: torch CPU tensors, launches run by the emulator (recorded and replayed like the GPU's,
-    Note [replayed launches])."""
+class EmuLoader:
+    """program.Loader on the CPU: every Program it loads is kept (``programs``), its buffers are torch CPU tensors
+    (results NaN-poisoned under PORTCONV_POISON, workspaces and staging copies always NaN: an unwritten read shows),
+    its launches run through the same Executable as the GPU's, the emulator's pc_emu_launch in place of the driver."""
 
-    device = 0
-    ptr = ptr_of = staticmethod(Tensors.ptr)
-    replayable = True
+    def __init__(self, kernels: EmuKernels, wave: int = 1):
+        self.kernels, self.wave = kernels, wave
+        self.programs: list[Program] = []
 
-    def __init__(self, wave: int = 1):
-        self.rec, self.wave = None, wave
+    def key(self, t) -> tuple | None:
+        return None if t is None else (t.stride(), t.data_ptr() & 15)
 
-    def empty(self, shape, strides, dtype, poison=False):
-        t = torch.empty_strided(tuple(shape), tuple(strides), dtype=getattr(torch, dtype))
-        t = t.fill_(float("nan")) if poison else t
-        return t if self.rec is None else self.rec.allocated(t, "empty", (shape, strides, dtype))
+    def layout(self, t) -> Layout | None:
+        if t is None:
+            return None
+        return Layout(tuple(t.shape), t.stride(), t.data_ptr() & 15)
 
-    def workspace(self, count, double):
-        t = torch.full((count,), float("nan"), dtype=torch.float64 if double else torch.float32)
-        return t if self.rec is None else self.rec.allocated(t, "workspace", (count, double))
+    def load(self, program: Program, anchor) -> Executable:
+        self.programs.append(program)
+        steps = []
+        for x in program.launches:
+            assert x.block[0] % self.wave == 0, f"wave{self.wave} needs blocks of whole waves"
+            lib, fn = self.kernels.function(x.module, 0, x.kernel)
+            steps.append((_BLOCK(*x.args), tuple((b.slot, b.role) for b in x.binds), (lib, fn, x.grid, x.block)))
+        allocs = tuple((b.role, self._alloc(b), b.result) for b in program.buffers)
+        return Executable(allocs, steps, program.outputs, lambda t: t.data_ptr(), lambda: 0, self._go)
 
-    def launch(self, fn, grid, block, args, dependent=False):
-        self._run(fn, grid, block, args.ctypes.data)
-        if self.rec is not None:
-            self.rec.launched(fn, grid, block, args, dependent)
+    @staticmethod
+    def _alloc(b):
+        dtype = getattr(torch, b.dtype)
 
-    def raw_stream(self):
-        return 0
+        def alloc(poison: bool):
+            t = torch.empty_strided(b.shape, b.strides, dtype=dtype)
+            return t.fill_(float("nan")) if poison or not b.result else t
+        return alloc
 
-    def launch_head(self, fn, grid, block, dependent=False):
-        return None
-
-    def launch_block(self, fn, grid, block, block_args, stream, head=None):
-        self._run(fn, grid, block, ctypes.addressof(block_args))
-
-    def _run(self, fn, grid, block, address):
-        assert block % self.wave == 0, f"wave{self.wave} needs blocks of whole waves"
-        lib, ptr = fn
-        rc = lib.pc_emu_launch(ctypes.c_void_p(ptr), *[ctypes.c_uint(g) for g in grid], ctypes.c_uint(block),
-                               ctypes.c_void_p(address))
+    @staticmethod
+    def _go(head, block_args, stream) -> None:
+        lib, fn, grid, block = head
+        rc = lib.pc_emu_launch(ctypes.c_void_p(fn), *[ctypes.c_uint(g) for g in grid], ctypes.c_uint(block[0]),
+                               ctypes.c_void_p(ctypes.addressof(block_args)))
         assert rc == 0, "the emulated kernel deadlocked at a barrier"
+
+    def launches(self) -> list:
+        """Every launch of every Program loaded so far, in order."""
+        return [x for p in self.programs for x in p.launches]

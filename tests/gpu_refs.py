@@ -48,18 +48,16 @@ def make(xs, ws, kw, layout, dtype, dev, seed_mult=31):
 
 
 def spy_launches(monkeypatch) -> list:
-    """Record every kernel launch of the cuda backend's runs (real or emulated) as (name, the PC_FLAG_* bits of its
-    arguments, grid), still launching it; returns the list the launches are appended to."""
-    import numpy as np  # (the launch arguments are a numpy block)
-
-    from portconv.backends import cuda
+    """Record every kernel launch of the simt backends' Programs as a GPU Loader loads them (the first call of a plan,
+    mask and layout; later calls run the same launches) as (name, the PC_FLAG_* bits of its arguments, grid)."""
+    from portconv.backends.simt import runtime
 
     launches = []
-    real = cuda._Run._launch
+    real = runtime.Loader.load
 
-    def spy(self, name, grid, args, extra=None, dependent=False):
-        launches.append((name, int(np.frombuffer(args.tobytes(), dtype=np.int64)[-1]), grid))
-        return real(self, name, grid, args, extra, dependent)
+    def spy(self, program, anchor):
+        launches.extend((x.kernel, x.args[-1], x.grid) for x in program.launches)
+        return real(self, program, anchor)
 
-    monkeypatch.setattr(cuda._Run, "_launch", spy)
+    monkeypatch.setattr(runtime.Loader, "load", spy)
     return launches

@@ -222,7 +222,7 @@ def test_opencl_rotation_fits_one_allocation():
 
 
 # --- workloads -------------------------------------------------------------------------------------------------
-def test_suite_selection_scaling_and_packaged_copy():
+def test_suite_selection_and_scaling():
     rows, _ = suite.load_suite(suite.PACKAGED)
     picked = suite.select(rows, "mbv2-dw3x3-b1,wav2vec2-*")
     assert [r.name for r in picked] == ["mbv2-dw3x3-b1", "wav2vec2-conv1d", "wav2vec2-posconv-g16"]
@@ -233,16 +233,14 @@ def test_suite_selection_scaling_and_packaged_copy():
         suite.select(rows, "no-such-row")
     assert suite.parse_directions("bwd,fwd") == ("fwd", "bwd-data") and suite.parse_directions("all") == \
         suite.DIRECTIONS
-    shared = suite.repo_suite()
-    if shared.is_file():  # a checkout with ../shared beside it: the packaged copy must not drift
-        assert json.loads(shared.read_text()) == json.loads(suite.PACKAGED.read_text())
+    assert suite.load_suite()[1] == str(suite.PACKAGED)
 
 
 # --- the harness end to end -------------------------------------------------------------------------------------
 @pytest.fixture()
-def tiny_suite(tmp_path, monkeypatch):
-    monkeypatch.setenv("PORTCONV_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("PORTCONV_OPENCL_DEVICE", "cpu")
+def tiny_suite(tmp_path, knob_env):
+    knob_env("PORTCONV_CACHE_DIR", str(tmp_path / "cache"))
+    knob_env("PORTCONV_OPENCL_DEVICE", "cpu")
     path = tmp_path / "tiny.json"
     path.write_text(json.dumps(TINY))
     return path
@@ -323,7 +321,7 @@ def test_bench_runs_opencl_and_aten(tiny_suite, tmp_path, capsys):
 def test_opencl_clock_falls_back_to_the_wall_clock_without_marker_times(monkeypatch):
     from conftest import require_backend
 
-    from portconv.backends import _cl_runtime as rt
+    from portconv.backends.opencl import runtime as rt
 
     require_backend("opencl")
     mod = rt.cl()
@@ -356,15 +354,15 @@ def test_a_backend_that_cannot_run_a_row_gives_the_plans_reason(tiny_suite, monk
 
     from portconv.bench import runner
     from portconv.errors import Unsupported
-    from portconv.plan import clear_cache
+    from portconv.planner import clear_cache
 
     impl = require_backend("opencl")
     real = type(impl).choose
 
-    def choose(self, problem, device):
+    def choose(self, problem, device, options):
         if problem.params.groups > 1:
             raise Unsupported("no kernel for grouped problems in this test")
-        return real(self, problem, device)
+        return real(self, problem, device, options)
 
     monkeypatch.setattr(type(impl), "choose", choose)
     clear_cache()
@@ -397,10 +395,10 @@ def test_an_unavailable_backend_gives_its_probe_reason(tiny_suite):
     assert res["status"] == "unavailable" and res["reason"] == reason and res["directions"] == {}
 
 
-def test_one_shape_from_problem_flags(tmp_path, monkeypatch, capsys):
+def test_one_shape_from_problem_flags(tmp_path, knob_env, capsys):
     from portconv import cli
 
-    monkeypatch.setenv("PORTCONV_CACHE_DIR", str(tmp_path / "cache"))
+    knob_env("PORTCONV_CACHE_DIR", str(tmp_path / "cache"))
     rc = cli.main(["bench", "-n", "1", "-c", "4", "-k", "6", "-H", "9", "-W", "7", "-p", "1", "-q", "1",
                    "--backend", "aten", "--runs", "3", "--no-peaks", "--directions", "fwd,bwd-weight", "--quiet",
                    "--out", str(tmp_path)])
@@ -422,6 +420,21 @@ def test_overhead_on_a_cached_plan(monkeypatch):
     assert res["portconv_minus_torch_us"] == pytest.approx(res["portconv"]["per_call_us"]
                                                            - res["torch"]["per_call_us"])
     assert res["plan_backend"] == "aten" and res["within_target"] == (res["portconv_minus_torch_us"] <= 25.0)
+
+
+@pytest.mark.parametrize("backend", ["aten", "opencl"])
+def test_overhead_of_the_training_style_call(backend):
+    """Issue 29 point 5: forward + backward through autograd, per backend, against F.conv2d's."""
+    from portconv.bench import overhead
+
+    res = overhead(backend=backend, device="cpu", calls=10, repeats=3, compile=False)["train"]
+    assert res["torch"]["per_call_us"] > 0 and res["portconv"]["synced_call_us"] > 0 and "autograd" in res["calls"]
+    assert res["portconv_minus_torch_us"] == pytest.approx(res["portconv"]["per_call_us"]
+                                                           - res["torch"]["per_call_us"])
+    assert res["within_target"] == (res["portconv_minus_torch_us"] <= 25.0)
+    from portconv.bench.overhead import train_overhead
+
+    assert "CPU torch tensors" in train_overhead("opencl", "meta")["skipped"]
 
 
 def test_first_call_times_in_fresh_processes(tmp_path):
@@ -451,16 +464,16 @@ def test_peaks_are_measured_once_and_cached_unless_the_host_was_busy(tmp_path, m
     assert again["measured_now"] == [] and again["compute"] == first["compute"]
 
 
-def test_tuned_auto_entry(tiny_suite, tmp_path, monkeypatch, capsys):
+def test_tuned_auto_entry(tiny_suite, tmp_path, knob_env, capsys):
     """'auto+tune' times the default plan made under portconv.tune(): its candidates are timed once and the winner
     persisted in the tuning cache, and the table names the backend it chose."""
     from conftest import require_backend
 
     from portconv import cli
-    from portconv.tune import cache_path, stats
+    from portconv.tuning import cache_path, stats
 
     require_backend("opencl")
-    monkeypatch.setenv("PORTCONV_CACHE_DIR", str(tmp_path / "cache"))
+    knob_env("PORTCONV_CACHE_DIR", str(tmp_path / "cache"))
     before = stats["timed"]
     rc = cli.main(["bench", "--suite", str(tiny_suite), "--rows", "tiny-dw", "--backend", "auto,auto+tune",
                    "--runs", "5", "--quiet", "--out", str(tmp_path / "out")])
@@ -486,12 +499,15 @@ def test_benchmark_entries_time_last():
     assert [e.label for e in entries_for(["auto"], avail, types.SimpleNamespace(type="cpu"), True)] == ["torch", "auto"]
 
 
-def test_environment_records_every_portconv_variable(monkeypatch):
-    """A report names the kernel-variant knobs it ran under (before / after runs set PORTCONV_CUDA_IGEMM_* and the
-    like), besides the documented ones, set or not."""
+def test_environment_records_the_knobs_and_options(knob_env):
+    """A report names the knobs it ran under, set or not, and the developer options in force (which kernels it
+    timed)."""
+    import portconv
     from portconv import knobs
     from portconv.bench import settings
 
-    monkeypatch.setenv("PORTCONV_CUDA_IGEMM_TC_V8", "1")
-    got = settings.environment()["knobs"]
-    assert got["PORTCONV_CUDA_IGEMM_TC_V8"] == "1" and set(knobs.KNOBS) <= set(got)
+    knob_env("PORTCONV_OPENCL_DENSE", "direct")
+    got = settings.environment()
+    assert got["knobs"]["PORTCONV_OPENCL_DENSE"] == "direct" and set(got["knobs"]) == set(knobs.KNOB_NAMES)
+    with portconv.options(igemm_tile="128x64"):
+        assert settings.environment()["options"] == "igemm_tile=128x64"

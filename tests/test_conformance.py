@@ -11,12 +11,12 @@ from conftest import require_backend
 
 from portconv import backends
 from portconv.backends import BackendId
-from portconv.backends.aten import AtenBackend
+from portconv.backends.aten import AtenBackend, AtenRunner
 from portconv.conformance import cases as C
 from portconv.conformance.reference import make_inputs
 from portconv.conformance.runner import gradcheck_case, run, run_case
 from portconv.errors import BackendUnavailable, Unsupported
-from portconv.plan import clear_cache
+from portconv.planner import clear_cache
 
 DEFAULT_DTYPES = ("float32", "float64")
 
@@ -130,54 +130,68 @@ def test_inputs_are_seeded_random_and_laid_out():
 
 
 # --- the harness can fail: a backend that is wrong in one small way must be reported ----------------------------
+class _BrokenRunner(AtenRunner):
+    """The aten backend's runner with its owner's defect (correct with mode=None)."""
+
+    def __init__(self, problem, math: str, owner):
+        super().__init__(problem)
+        self.math, self.owner = math, owner
+
+    def forward(self, input, weight, bias):
+        from portconv import knobs
+
+        mode = self.owner.mode
+        y = super().forward(input, weight, bias)
+        if mode == "perturb":
+            y = y.clone()
+            # 16 ulp in bfloat16; under TF32 (aten on a GPU) the bound is ~1e-3 relative, so step over it
+            rel = 1e-2 if self.math == "tf32" else max(1e-4, 16 * torch.finfo(y.dtype).eps)
+            y.view(-1)[y.numel() // 2] *= 1 + rel
+        elif mode == "unwritten":  # a kernel that misses the last element of its poisoned output buffer
+            out = torch.full_like(y, float("nan")) if knobs.env().poison else torch.zeros_like(y)
+            out.view(-1)[:-1] = y.reshape(-1)[:-1]
+            y = out
+        elif mode == "dtype":
+            y = y.float() if y.dtype == torch.float64 else y.double()
+        elif mode == "modify":
+            with torch.no_grad():
+                input.mul_(1.5)
+        elif mode == "record":
+            self.owner.seen_poison = knobs.env().poison
+        elif mode == "raise":
+            raise RuntimeError("kernel launch failed")
+        return y
+
+    def backward(self, grad_output, input, weight, output_mask):
+        mode = self.owner.mode
+        gi, gw, gb = super().backward(grad_output, input, weight, output_mask)
+        gi, gw, gb = (t if m else None for t, m in zip((gi, gw, gb), output_mask))
+        if mode == "nan" and gw is not None:
+            gw = gw.clone()
+            gw.view(-1)[0] = float("nan")
+        elif mode == "extra":
+            gw = torch.zeros_like(weight)
+        elif mode == "drop-tap" and gi is not None:  # grad_input computed with the last kernel tap missing
+            w = weight.clone()
+            w[..., -1] = 0
+            gi = super().backward(grad_output, input, w, (True, False, False))[0]
+        return gi, gw, gb
+
+
 class _Broken(AtenBackend):
     """The aten backend with one defect (correct with mode=None)."""
 
     def __init__(self, mode=None):
         self.mode = mode
 
-    def choose(self, problem, device):
+    def choose(self, problem, device, options):
         if self.mode == "unsupported":
             raise Unsupported("this test backend refuses every problem")
-        return super().choose(problem, device)
+        return super().choose(problem, device, options)
 
-    def forward(self, plan_, input, weight, bias):
-        from portconv import knobs
-
-        y = super().forward(plan_, input, weight, bias)
-        if self.mode == "perturb":
-            y = y.clone()
-            # 16 ulp in bfloat16; under TF32 (aten on a GPU) the bound is ~1e-3 relative, so step over it
-            rel = 1e-2 if plan_.math == "tf32" else max(1e-4, 16 * torch.finfo(y.dtype).eps)
-            y.view(-1)[y.numel() // 2] *= 1 + rel
-        elif self.mode == "unwritten":  # a kernel that misses the last element of its poisoned output buffer
-            out = torch.full_like(y, float("nan")) if knobs.poison() else torch.zeros_like(y)
-            out.view(-1)[:-1] = y.reshape(-1)[:-1]
-            y = out
-        elif self.mode == "dtype":
-            y = y.float() if y.dtype == torch.float64 else y.double()
-        elif self.mode == "modify":
-            with torch.no_grad():
-                input.mul_(1.5)
-        elif self.mode == "record":
-            self.seen_poison = knobs.poison()
-        elif self.mode == "raise":
-            raise RuntimeError("kernel launch failed")
-        return y
-
-    def backward(self, plan_, grad_output, input, weight, output_mask):
-        gi, gw, gb = super().backward(plan_, grad_output, input, weight, output_mask)
-        gi, gw, gb = (t if m else None for t, m in zip((gi, gw, gb), output_mask))
-        if self.mode == "nan" and gw is not None:
-            gw = gw.clone()
-            gw.view(-1)[0] = float("nan")
-        elif self.mode == "extra":
-            gw = torch.zeros_like(weight)
-        elif self.mode == "drop-tap" and gi is not None:  # grad_input computed with the last kernel tap missing
-            w = weight.clone()
-            w[..., -1] = 0
-            gi = super().backward(plan_, grad_output, input, w, (True, False, False))[0]
-        return gi, gw, gb
+    def prepare(self, problem, device, choice, options):
+        kernels, _ = super().prepare(problem, device, choice, options)
+        return kernels, _BrokenRunner(problem, choice.math, self)
 
 
 @pytest.fixture
@@ -218,15 +232,15 @@ def test_wrong_results_are_failures(broken, mode, tensor, words, dtype):
     assert any(words in e for e in r.errors())
 
 
-def test_backends_run_poisoned(broken, monkeypatch):
-    monkeypatch.delenv("PORTCONV_POISON", raising=False)
+def test_backends_run_poisoned(broken, knob_env):
+    from portconv import knobs
+
+    knob_env("PORTCONV_POISON", None)
     broken("record")
     impl = backends._INSTANCES[BackendId.ATEN]
     assert run_case(_META, "aten", "float32").status == "pass"
     assert impl.seen_poison is True
-    import os
-
-    assert "PORTCONV_POISON" not in os.environ  # restored after the case
+    assert knobs.env().poison is False  # restored after the case
 
 
 def test_masked_off_gradient_returned_is_a_failure(broken):

@@ -1,5 +1,6 @@
 """CPU-only checks of the CUDA kernel set: nvcc builds every cuda/*.cu for sm_80 and sm_90, and the bodies run
-under a CPU prelude (tests/cuda_emu) through the cuda backend's own host code, checked against PyTorch."""
+under a CPU prelude (tests/cuda_emu) through the plans the simt set builds (select.py) and the same Executable the
+GPU runs, loaded by the emulator's Loader (tests/emu.py), checked against PyTorch."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -14,15 +15,20 @@ import zlib
 
 import pytest
 import torch
-from emu import EmuKernels, EmuTensors
-from gpu_refs import reference, spy_launches
+from emu import EmuKernels, EmuLoader
+from gpu_refs import reference
 
-from portconv.backends import BackendId, Problem, cuda
-from portconv.backends._cupy import inline_source
-from portconv.backends._replay import Program
+from portconv import backends
+from portconv.backends import BackendId
+from portconv.backends.simt import depthwise, hip, igemm, select, view
+from portconv.backends.simt.compile import inline_source
+from portconv.backends.simt.cuda import CudaBackend
 from portconv.device import DeviceInfo
+from portconv.errors import Unsupported
+from portconv.knobs import DEFAULT_OPTIONS, Options
 from portconv.params import ConvParams
-from portconv.plan import Plan
+from portconv.planner import Plan, build
+from portconv.problem import ConvView, Layout, Problem
 from portconv.tensors import spec_of
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -65,32 +71,28 @@ def test_nvcc_builds_every_kernel(nvcc):
     jobs += [(e, "sm_90", {"PC_DTYPE": 0, "PC_INDEX64": 1}) for e in ENTRIES]
     # the tensor-core tiles (Note [tensor-core implicit GEMM]): float32 (TF32), float16, bfloat16, every tile
     tc = [{"PC_TENSOR_CORES": 1, "PC_TC_BM": bm, "PC_TC_BN": bn, "PC_TC_WM": wm}
-          for bm, bn, wm in cuda.TC_TILES.values()]
+          for bm, bn, wm in igemm.TC_TILES.values()]
     # every tile on sm_90, the first on the other archs (the tile is arch-independent code; CI time)
     jobs += [("igemm.cu", a, {"PC_DTYPE": dt, "PC_INDEX64": 0, **t}) for a in ARCHS for dt in (0, 2, 3)
              for t in (tc if a == "sm_90" else tc[:1])]
     jobs += [("igemm.cu", "sm_90", {"PC_DTYPE": 2, "PC_INDEX64": 1, **tc[0]})]
-    jobs += [("igemm.cu", "sm_90", {"PC_DTYPE": 0, "PC_INDEX64": 0, "PC_TC_V6": 1, **t}) for t in tc]  # v6's TF32
-    # Note [deep stages]: the other steps-a-stage of the ring (PC_TC_KS; 2 is the default above), TF32 and 16-bit
-    ks = [k for k in map(int, cuda.TC_KS) if k != 2]
+    # Note [stage rows]: the other ring depth the host derives (PC_TC_KS 1; 2 is the default above), TF32 and 16-bit
+    ks = sorted({igemm.ring_steps(c) for c in (16, 32, 48, 64)} - {igemm.RING_STEPS})
     jobs += [("igemm.cu", "sm_90", {"PC_DTYPE": dt, "PC_INDEX64": 0, "PC_TC_KS": k, **tc[i]}) for k in ks
              for dt in (0, 2) for i in (0, 1)]
-    # Note [TN copy order]: v8's order (PC_TC_V8), kept for before / after timings
-    jobs += [("igemm.cu", "sm_90", {"PC_DTYPE": dt, "PC_INDEX64": 0, "PC_TC_V8": 1, **tc[i]}) for dt in (0, 2)
-             for i in (0, 1)]
     with tempfile.TemporaryDirectory() as tmp, concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 2) as ex:
         results = list(ex.map(lambda j: _compile(nvcc, *j, tmp), jobs))
     failures = [f"{cmd}\n{err}" for cmd, rc, err in results if rc != 0 or "warning" in err.lower()]
     assert not failures, "\n\n".join(failures)
-    assert len(results) == (len(ENTRIES) * (len(ARCHS) * 4 + 1) + 3 * (len(tc) + len(ARCHS) - 1) + 1 + len(tc)
-                            + 4 * len(ks) + 4)
+    assert ks == [1]
+    assert len(results) == (len(ENTRIES) * (len(ARCHS) * 4 + 1) + 3 * (len(tc) + len(ARCHS) - 1) + 1 + 4 * len(ks))
 
 
 def test_nvrtc_keeps_the_hot_depthwise_kernels_at_two_blocks_an_sm():
     """What runs is NVRTC's build, and its registers can differ from nvcc's: 130 registers made the bfloat16
     channels-last weight gradient 1.4x slower (one 256-thread block an SM), and `__launch_bounds__(256, 1)` gave the
-    forward 154 (docs/performance/notes-depthwise-v3.md "v7", "v8"). mbv2-dw3x3-bf16-cl's three kernels, as NVRTC 13
-    builds them for sm_90 (scripts/nvrtc_regs.py), must fit two blocks an SM (<= 128 registers) with no spills."""
+    forward 154 (docs/kernels/depthwise.md). mbv2-dw3x3-bf16-cl's three kernels, as NVRTC 13 builds them for sm_90
+    (scripts/nvrtc_regs.py), must fit two blocks an SM (<= 128 registers) with no spills."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("nvrtc_regs", ROOT / "scripts" / "nvrtc_regs.py")
@@ -113,8 +115,8 @@ def test_nvrtc_keeps_the_hot_depthwise_kernels_at_two_blocks_an_sm():
 
 
 def test_the_finalize_waits_before_it_reads():
-    """Note [dependent launch]: a replayed finalize may start before the kernel that writes its partial sums has
-    finished; its first statement waits for it, so no read comes before (griddepcontrol.wait on sm_90+)."""
+    """Note [dependent launch]: a finalize launched dependent may start before the kernel that writes its partial sums
+    has finished; its first statement waits for it, so no read comes before (griddepcontrol.wait on sm_90+)."""
     body = (CUDA_DIR / "reduce.cuh").read_text().split("portconv_split_finalize(const pc_conv_args a) {", 1)[1]
     assert body.lstrip().startswith("pc_grid_dependency_wait();")
     prelude = (CUDA_DIR / "prelude.cuh").read_text()
@@ -131,18 +133,29 @@ def test_sources_are_self_contained():
         assert text.count("struct pc_conv_args {") == 1
 
 
+def test_no_experiment_switches_remain():
+    """Issue 28 point 5: the kernel sources keep only what a selection can build; the deleted variants' switches
+    (and version histories in comments) are gone."""
+    gone = ("PC_TC_LDSM", "PC_TC_V6", "PC_TC_V8", "PC_DWT_LA", "PC_DWT_PF", "PC_DWT_PK", "PC_DWT_DI", "PC_DWT_Q4",
+            "PC_BF16_CVT", "PC_DIRECT_BODIES_ONLY", "portconv_depthwise_fwd(", "portconv_depthwise_bwd_data(")
+    for p in [*CUDA_DIR.iterdir(), *(ROOT / "hip").iterdir()]:
+        text = p.read_text()
+        assert not [g for g in gone if g in text], p.name
+        assert not re.search(r"\bv[0-9]+\b|before / after|notes-depthwise|experiments", text), p.name
+
+
 def test_tensor_core_tile_is_cuda_only():
     """igemm.cu carries the tensor-core tile under PC_TENSOR_CORES; the HIP prelude refuses it; the emulator is
     pinned to the FMA tile."""
     text = inline_source("igemm.cu", [CUDA_DIR])
     assert "pc_igemm_tc_run" in text and "mma.sync.aligned.m16n8k16" in text and "#if PC_TENSOR_CORES" in text
-    hip = (ROOT / "hip" / "prelude_hip.h").read_text()
-    assert re.search(r"#if PC_TENSOR_CORES\s*\n#error", hip)
+    hip_prelude = (ROOT / "hip" / "prelude_hip.h").read_text()
+    assert re.search(r"#if PC_TENSOR_CORES\s*\n#error", hip_prelude)
     assert "#define PC_TENSOR_CORES 0" in (EMU_DIR / "prelude.cuh").read_text()
 
 
 def test_argument_block_matches_common_cuh():
-    """cuda.py packs the kernel argument block in exactly the order cuda/common.cuh declares it."""
+    """simt/view.py packs the kernel argument block in exactly the order cuda/common.cuh declares it."""
     body = re.search(r"struct pc_conv_args \{(.*?)\};", (CUDA_DIR / "common.cuh").read_text(), re.S).group(1)
     body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
     fields = []
@@ -150,33 +163,55 @@ def test_argument_block_matches_common_cuh():
         for item in decl.split(","):
             m = re.fullmatch(r"\s*(\w+)(?:\[(\d+)\])?\s*", item)
             fields.append((m.group(1), int(m.group(2) or 1)))
-    assert tuple(fields) == cuda.ARG_FIELDS
+    assert tuple(fields) == view.ARG_FIELDS
+    assert view.POINTERS == tuple(n for n, _ in view.ARG_FIELDS[:5])
+    flags = dict(re.findall(r"#define (PC_FLAG_\w+) (\d+)", (CUDA_DIR / "common.cuh").read_text()))
+    assert {k: int(v) for k, v in flags.items()} == {"PC_FLAG_CL": view.FLAG_CL, "PC_FLAG_VA": view.FLAG_VA,
+                                                    "PC_FLAG_VB": view.FLAG_VB, "PC_FLAG_WARP": view.FLAG_WARP,
+                                                    "PC_FLAG_COLTAP": view.FLAG_COLTAP}
 
 
 def test_every_launched_kernel_exists():
-    for alg, entry in cuda.ENTRY.items():
-        text = inline_source(entry, [CUDA_DIR])
-        for d in ("fwd", "bwd_data", "bwd_weight"):
-            assert re.search(rf"PC_KERNEL void PC_LAUNCH_BOUNDS\(\w+\) {cuda.PREFIX[alg]}_{d}\(", text), (alg, d)
-        for shared in ("portconv_bias_grad", "portconv_split_finalize"):
-            assert f" {shared}(" in text
-        if alg in cuda.IGEMM_ALGS:  # Note [narrow backward-data]
-            assert " portconv_igemm_col(" in text and " portconv_col2im(" in text
+    """Every kernel the selection may launch from a module (hip.KERNELS, the same list for both kernel sets, plus the
+    tensor-core set's phase and staging kernels) is defined in its cuda/ entry."""
+    for family, names in hip.KERNELS.items():
+        text = inline_source(select.ENTRY[family], [CUDA_DIR])
+        for name in (*names, *hip.COMMON_KERNELS):
+            assert re.search(rf"PC_KERNEL void PC_LAUNCH_BOUNDS(_MIN)?\([\w, ]+\) {name}\(", text), (family, name)
+    text = inline_source(select.ENTRY["igemm-tc"], [CUDA_DIR])
+    assert " portconv_igemm_bwd_data_phase(" in text and " portconv_stage_transpose(" in text
 
 
 # --- the bodies on the CPU -------------------------------------------------------------------------------------
 
-class _EmuBackend(cuda.CudaBackend):
-    def __init__(self, tmp):
-        super().__init__()
-        self._kernels = EmuKernels(tmp)
+class EmuBackend(CudaBackend):
+    """The cuda backend with the emulator's Loader: its plans and Programs are the GPU's, run on the CPU."""
 
-    def tensors(self, like):
-        return EmuTensors()
+    def __init__(self, kernels: EmuKernels):
+        super().__init__()
+        self.emu = kernels
+        self.loaders: list[EmuLoader] = []
+
+    def loader(self, problem):
+        self.loaders.append(EmuLoader(self.emu))
+        return self.loaders[-1]
+
+    def launches(self) -> list:
+        """Every launch the last plan's calls made (its Programs, in load order)."""
+        return self.loaders[-1].launches()
 
 
 _DEVICE = DeviceInfo(vendor="nvidia", kind="gpu", name="emulated", arch="sm_90", compute_units=2, fp16=True,
                      bf16=True)
+
+
+
+def run_plan(emu_backend, monkeypatch, problem: Problem, options: Options = DEFAULT_OPTIONS, choice=None,
+             device: DeviceInfo = _DEVICE) -> Plan:
+    """plan.build of ``problem`` on the emulated backend (registered as the cuda backend for the test)."""
+    monkeypatch.setitem(backends._INSTANCES, BackendId.CUDA, emu_backend)
+    choice = choice or emu_backend.choose(problem, device, options)
+    return build(problem, BackendId.CUDA, device, choice, options)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,6 +229,7 @@ class EmuCase:
     transposed: bool = False
     output_padding: int = 0
     layout: str = "contig"  # contig, chlast, strided, rowpad / rowpad4 (rows 1 / 4 elements longer than the view)
+
 
 
 EMU_CASES = [
@@ -239,26 +275,32 @@ def _data(case: EmuCase, dtype):
 
 
 @pytest.fixture(scope="module")
-def emu_backend():
+def emu_kernels():
     if shutil.which("g++") is None:
         pytest.skip("g++ not found: the CPU emulation of the CUDA bodies needs a C++20 compiler")
     with tempfile.TemporaryDirectory() as tmp:
-        yield _EmuBackend(pathlib.Path(tmp))
+        yield EmuKernels(pathlib.Path(tmp))
+
+
+@pytest.fixture
+def emu_backend(emu_kernels, knob_env):
+    """The emulated cuda backend, results NaN-poisoned (PORTCONV_POISON=1): unwritten elements fail."""
+    knob_env("PORTCONV_POISON", "1")
+    return EmuBackend(emu_kernels)
 
 
 def _tol(dtype):
     return {torch.float64: 1e-10, torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 8e-2}[dtype]
 
 
-def _setup(emu_backend, case: EmuCase, dtype):
-    """(x, w, b, problem, the emulated backend's choice, grad_output, the float64 aten reference of all four)."""
+def _setup(case: EmuCase, dtype):
+    """(x, w, b, problem, grad_output, the float64 aten reference of all four)."""
     x, w, b = _data(case, dtype)
     params = ConvParams.make(case.rank, case.stride, case.padding, case.dilation, case.transposed,
                              case.output_padding, case.groups, weight_shape=tuple(w.shape))
     problem = Problem(params, spec_of(x), spec_of(w), True)
-    choice = emu_backend.choose(problem, _DEVICE)
     go = torch.randn(problem.output_shape, dtype=torch.float64).to(dtype)
-    return x, w, b, problem, choice, go, reference(x, w, b, params, go, (True, True, True))
+    return x, w, b, problem, go, reference(x, w, b, params, go, (True, True, True))
 
 
 def _check(got, ref, dtype, what: str) -> None:
@@ -270,30 +312,35 @@ def _check(got, ref, dtype, what: str) -> None:
         assert err < _tol(dtype), f"{what} {dtype} {name}: relative error {err:.3g}"
 
 
+def _all(p: Plan, x, w, b, go):
+    return (p.forward(x, w, b), *p.backward(go, x, w, (True, True, True)))
+
+
 @pytest.mark.parametrize("case", EMU_CASES, ids=lambda c: f"r{c.rank}g{c.groups}{'t' if c.transposed else ''}"
                          f"s{c.stride}{c.layout}")
 def test_bodies_on_cpu_match_pytorch(emu_backend, case, monkeypatch):
-    """Forward, grad_input, grad_weight, grad_bias of every algorithm that applies, in float64 (and one half
-    type per case), against aten in float64; outputs are NaN-poisoned first so unwritten elements fail."""
-    monkeypatch.setenv("PORTCONV_POISON", "1")
+    """Forward, grad_input, grad_weight, grad_bias of every family that applies (options(algorithm=...)), in float64
+    (and one half type per case), against aten in float64, outputs NaN-poisoned. Each call of a layout after the first
+    runs the loaded Program with the new tensors' addresses (Note [programs])."""
     dtypes = [torch.float64, (torch.float32, torch.float16, torch.bfloat16)[_seed(case) % 3]]
     for dtype in dtypes:
-        x, w, b, problem, choice, go, ref = _setup(emu_backend, case, dtype)
+        x, w, b, problem, go, ref = _setup(case, dtype)
         algs = ["direct", "implicit_gemm"] + (["depthwise"] if problem.is_depthwise else [])
         # 'igemm-tc' (tensor cores: half types, and float32 where torch allows TF32, on sm_80+) cannot run here:
         # the emulator keeps PC_TENSOR_CORES=0 and runs the same gather through the FMA tile ('implicit_gemm')
-        assert choice.algorithm in algs + (["igemm-tc"] if dtype != torch.float64 else [])
+        assert emu_backend.choose(problem, _DEVICE, Options()).algorithm in algs + (
+            ["igemm-tc"] if dtype != torch.float64 else [])
         for alg in algs:
-            plan = Plan(problem, BackendId.CUDA, alg, choice.memory_format, choice.reason, _DEVICE)
-            x0, w0, b0 = _data(case, dtype)  # the recorded first call: same layouts, other storage
-            emu_backend.forward(plan, x0, w0, b0)
-            emu_backend.backward(plan, go.clone(), x0, w0, (True, True, True))
-            y = emu_backend.forward(plan, x, w, b)  # replayed (Note [replayed launches])
-            got = (y, *emu_backend.backward(plan, go, x, w, (True, True, True)))
-            assert all(isinstance(v, Program) for v in plan.state["replay"].values()), alg
+            p = run_plan(emu_backend, monkeypatch, problem, Options(algorithm=alg))
+            assert p.algorithm == alg and f"forced by options(algorithm='{alg}')" in p.reason
+            x0, w0, b0 = _data(case, dtype)  # the first call: same layouts, other storage
+            _all(p, x0, w0, b0, go.clone())
+            got = _all(p, x, w, b, go)
+            assert len(emu_backend.loaders[-1].programs) == 2, alg  # one Program a call and layout
             _check(got, ref, dtype, alg)
-        masked = emu_backend.backward(plan, go, x, w, (False, True, False))
+        masked = p.backward(go, x, w, (False, True, False))
         assert masked[0] is None and masked[2] is None and masked[1] is not None
+        assert len(emu_backend.loaders[-1].programs) == 3
 
 
 @pytest.mark.parametrize("limit", [10**9, 0], ids=["warp", "thread"])
@@ -307,45 +354,44 @@ def test_warp_finalize_on_cpu(emu_backend, limit, monkeypatch):
         chunk = -(-chunk // align) * align
         return -(-total // chunk), chunk
 
-    launched = []
-    finalize = cuda._Run._finalize
-
-    def spy(self, count, splits, extra=None, **args):
-        launched.append((splits, splits >= cuda.WARP_FINALIZE and count <= cuda.WARP_FINALIZE_MAX))
-        return finalize(self, count, splits, extra, **args)
-
-    flags = spy_launches(monkeypatch)
-    monkeypatch.setattr(cuda, "_splits", many)
-    monkeypatch.setattr(cuda, "WARP_FINALIZE", 2)
-    monkeypatch.setattr(cuda, "WARP_FINALIZE_MAX", limit)
-    monkeypatch.setattr(cuda._Run, "_finalize", spy)
-    monkeypatch.setenv("PORTCONV_POISON", "1")
+    monkeypatch.setattr(view, "splits_for", many)
+    monkeypatch.setattr(view, "WARP_FINALIZE", 2)
+    monkeypatch.setattr(view, "WARP_FINALIZE_MAX", limit)
+    finals = []
     for case in EMU_CASES[:2] if limit else EMU_CASES[:1]:  # a thread a value: the path of every unforced split too
         for dtype in (torch.float64, torch.float32) if limit else (torch.float64,):
-            x, w, b, problem, choice, go, ref = _setup(emu_backend, case, dtype)
+            x, w, b, problem, go, ref = _setup(case, dtype)
             for alg in ("direct", "implicit_gemm"):
-                plan = Plan(problem, BackendId.CUDA, alg, choice.memory_format, choice.reason, _DEVICE)
-                got = (emu_backend.forward(plan, x, w, b), *emu_backend.backward(plan, go, x, w, (True, True, True)))
-                _check(got, ref, dtype, f"{alg}, warp finalize up to {limit} values")
-    assert launched and min(s for s, _ in launched) >= 2 and all(w == bool(limit) for _, w in launched), launched
-    fin = [f for n, f, _ in flags if n == "portconv_split_finalize"]
-    assert fin and all(bool(f & cuda.FLAG_WARP) == bool(limit) for f in fin), fin
+                p = run_plan(emu_backend, monkeypatch, problem, Options(algorithm=alg))
+                _check(_all(p, x, w, b, go), ref, dtype, f"{alg}, warp finalize up to {limit} values")
+                finals += [x_ for x_ in emu_backend.launches() if x_.kernel == "portconv_split_finalize"]
+                assert all(x_.dependent for x_ in finals)  # Note [dependent launch]: the CUDA set's finalize waits
+    splits = [view.arg_field(x_, "splits") for x_ in finals]
+    assert finals and min(splits) >= 2, splits
+    assert all(bool(view.arg_field(x_, "flags") & view.FLAG_WARP) == bool(limit) for x_ in finals)
 
 
 @pytest.mark.parametrize("case", [c for c in EMU_CASES if c.groups == c.c and not c.transposed],
                          ids=lambda c: f"r{c.rank}m{c.k // c.c}s{c.stride}{c.layout}")
-def test_depthwise_per_element_kernels_on_cpu(emu_backend, case, monkeypatch):
-    """PORTCONV_CUDA_DEPTHWISE=v1: portconv_depthwise_fwd/_bwd_data (the direct bodies) and the per-element
-    weight gradient, in float64 against aten."""
-    monkeypatch.setenv("PORTCONV_POISON", "1")
-    monkeypatch.setenv(cuda.DW_ENV, "v1")
-    x, w, b, problem, choice, go, ref = _setup(emu_backend, case, torch.float64)
-    plan = Plan(problem, BackendId.CUDA, "depthwise", choice.memory_format, choice.reason, _DEVICE)
-    got = (emu_backend.forward(plan, x, w, b), *emu_backend.backward(plan, go, x, w, (True, True, True)))
-    _check(got, ref, torch.float64, "depthwise v1")
+def test_depthwise_rule_kernels_on_cpu(emu_backend, case, monkeypatch):
+    """The depthwise plans: the 'rows' strip kernels forward and backward-data for any filter (the generic strip loop
+    where the last axis is not 3 taps of dilation 1), the 'rows*d' weight gradients for 3x3 / 3x3x3 filters and the
+    per-element weight gradient (PC_DW_TAPS taps a block) for the rest, in float64 against aten."""
+    x, w, b, problem, go, ref = _setup(case, torch.float64)
+    p = run_plan(emu_backend, monkeypatch, problem)
+    assert p.algorithm == "depthwise"
+    _check(_all(p, x, w, b, go), ref, torch.float64, "depthwise")
+    names = {x_.kernel for x_ in emu_backend.launches()}
+    v = ConvView.of(problem)
+    tap3 = v.R[2] == 3 and v.DL[2] == 1
+    want_w = depthwise.depthwise_kernels(v, p.memory_format != "contiguous")["bwd_weight"]
+    assert ("portconv_depthwise_bwd_weight" in names) == (want_w == "plain"), names
+    assert tap3 or {"portconv_depthwise_fwd_rows", "portconv_depthwise_bwd_data_rows"} <= names, names
+    if case.kernel == 5 or case.rank == 1:  # 5x5 taps, and 1-D: the per-element weight gradient
+        assert want_w == "plain"
 
 
-NARROW_CASES = [  # Note [narrow backward-data]: C_in <= cuda.NARROW_C, K >= cuda.NARROW_K, 2+ taps
+NARROW_CASES = [  # Note [narrow backward-data]: C_in <= igemm.NARROW_C, K >= igemm.NARROW_K, 2+ taps
     EmuCase(2, 2, 1, 16, 9, 3, stride=2, padding=1),  # C_in = 1, stride 2
     EmuCase(2, 1, 3, 16, 8, 4, stride=2, padding=1, layout="chlast"),  # RGB, an even kernel
     EmuCase(1, 2, 2, 16, 13, 5, dilation=2, padding=3),  # rank 1, dilation
@@ -363,28 +409,25 @@ def test_narrow_backward_data_on_cpu(emu_backend, case, monkeypatch):
     forward, transposed) as a 1 x 1 column GEMM (portconv_igemm_col into the workspace) and portconv_col2im, with W
     dense in both orders (its (c, tap) columns c-major or tap-major): all four results against aten in float64 and
     float32, outputs poisoned."""
-    monkeypatch.setenv("PORTCONV_POISON", "1")
-    launches = spy_launches(monkeypatch)
     for dtype in (torch.float64, torch.float32):
-        x, w, b, problem, choice, go, ref = _setup(emu_backend, case, dtype)
+        x, w, b, problem, go, ref = _setup(case, dtype)
         for w_layout in ("contig", "chlast") if case.rank >= 2 else ("contig",):
             if w_layout == "chlast":
                 w = w.contiguous(memory_format=torch.channels_last if case.rank == 2 else torch.channels_last_3d)
                 problem = Problem(problem.params, problem.input, spec_of(w), True)
-            view = cuda.ConvView.of(problem)
-            assert cuda.narrow_col(view, w.shape, w.stride()), case
-            plan = Plan(problem, BackendId.CUDA, "implicit_gemm", choice.memory_format, choice.reason, _DEVICE)
-            launches.clear()
-            got = (emu_backend.forward(plan, x, w, b), *emu_backend.backward(plan, go, x, w, (True, True, True)))
-            _check(got, ref, dtype, f"narrow {w_layout} W")
-            names = [n for n, _, _ in launches]
+            v = ConvView.of(problem)
+            assert igemm.narrow_col(v, w.shape, w.stride()), case
+            p = run_plan(emu_backend, monkeypatch, problem, Options(algorithm="implicit_gemm"))
+            assert "col2im" in p.reason
+            _check(_all(p, x, w, b, go), ref, dtype, f"narrow {w_layout} W")
+            names = [x_.kernel for x_ in emu_backend.launches()]
             assert names.count("portconv_col2im") == names.count("portconv_igemm_col") == 1, names
             assert "portconv_igemm_bwd_data" not in names, names
-            (f,) = [f for n, f, _ in launches if n == "portconv_col2im"]
-            assert bool(f & cuda.FLAG_COLTAP) == (w_layout == "chlast" and view.C > 1), f
+            (col2im,) = [x_ for x_ in emu_backend.launches() if x_.kernel == "portconv_col2im"]
+            assert bool(view.arg_field(col2im, "flags") & view.FLAG_COLTAP) == (w_layout == "chlast" and v.C > 1)
 
 
-# --- depthwise v3 (Note [depthwise tile] of cuda/conv_depthwise_tile.cuh, stride-2 backward-data window) ------
+# --- depthwise tiles (Note [depthwise tile] of cuda/conv_depthwise_tile.cuh), planes, stride-2 backward-data ---------
 
 DW3_CASES = [
     EmuCase(2, 2, 6, 6, 9, 3, padding=1, groups=6, layout="chlast"),  # tile s1, vector path (C even)
@@ -413,62 +456,6 @@ DW3_CASES = [
     EmuCase(2, 1, 3, 3, 8, 3, padding=1, groups=3, layout="rowpad4"),  # X rows 12 apart (dense Y)
 ]
 
-
-def test_depthwise_tile_shapes_match_the_header():
-    """cuda.DW_TILE sizes the tile kernels' grids and names their shape in plan reasons: it must say what
-    cuda/conv_depthwise_tile.cuh compiles by default, family by family."""
-    src = (CUDA_DIR / "conv_depthwise_tile.cuh").read_text()
-    d = {k: int(v) for k, v in re.findall(r"#define (PC_DWT_\w+) (\d+)", src)}
-    fam = {"nchw": ("THN", "VWN"), "nchw16": ("THN16", "VWN16"), "nchw3d": ("TH3", "VW3"), "cl": ("THC", "VWC"),
-           "cl3d": ("THC3", "VWC"), "w4": ("THW4", "VWW4")}
-    assert cuda.DW_TILE == {k: (d["PC_DWT_" + th], d["PC_DWT_" + vw]) for k, (th, vw) in fam.items()}
-    assert [cuda.dw_tile_key(cl, r, dt) for cl, r, dt in [(False, 2, "float32"), (False, 2, "bfloat16"),
-            (False, 3, "float16"), (True, 2, "float16"), (True, 3, "float32"), (False, 1, "float64")]] == [
-            "nchw", "nchw16", "nchw3d", "cl", "cl3d", "nchw"]
-
-
-@pytest.mark.parametrize("tile", ["cl", "all"])
-@pytest.mark.parametrize("case", DW3_CASES, ids=lambda c: f"r{c.rank}s{c.stride}p{c.padding}c{c.c}{c.layout}"
-                         f"{'t' if c.transposed else ''}")
-def test_depthwise_v3_bodies_on_cpu(emu_backend, case, tile, monkeypatch):
-    """The depthwise v3 kernels (tile, stride-2 backward-data) in every dtype against aten in float64."""
-    monkeypatch.setenv("PORTCONV_POISON", "1")
-    monkeypatch.setenv(cuda.DW_TILE_ENV, tile)
-    _depthwise_all_dtypes(emu_backend, case)
-
-
-def _depthwise_all_dtypes(emu_backend, case):
-    for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16):
-        x, w, b, problem, choice, go, ref = _setup(emu_backend, case, dtype)
-        if case.layout == "chlast" and case.rank >= 2:  # dY in x's layout too, as autograd gives it: the vector paths
-            go = go.contiguous(memory_format=torch.channels_last if case.rank == 2 else torch.channels_last_3d)
-        assert choice.algorithm == "depthwise"
-        plan = Plan(problem, BackendId.CUDA, "depthwise", choice.memory_format, choice.reason, _DEVICE)
-        y = emu_backend.forward(plan, x, w, b)
-        got = (y, *emu_backend.backward(plan, go, x, w, (True, True, True)))
-        _check(got, ref, dtype, f"depthwise ({choice.reason})")
-
-
-def test_depthwise_planes_sizes(monkeypatch):
-    """Note [depthwise planes]: planes a chunk (about DWP_UNITS result columns, 16-byte aligned chunk starts, within
-    DWP_MAX_BYTES), the module's shared memory in DWP_STEP steps and the blocks an SM it leaves."""
-    monkeypatch.delenv(cuda.DWP_ENV, raising=False)
-    last = cuda.ConvView(32, 960, 960, 960, (1, 7, 7), (1, 7, 7), (1, 3, 3), (1, 1, 1), (0, 1, 1), (1, 1, 1))
-    m14 = dataclasses.replace(last, C=576, K=576, G=576, X=(1, 14, 14), Y=(1, 14, 14))
-    assert cuda.dw_planes(last, "fwd", 4) == (36, 36 * 147 * 4 + 32)  # 252 columns; 36 x 196 bytes: 16-byte steps
-    assert cuda.dw_planes(last, "bwd_data", 2)[0] == 32  # 98-byte planes: 8 a 16-byte step
-    assert cuda.dw_planes(m14, "fwd", 4)[0] == 18 and cuda.dw_planes(m14, "fwd", 8)[0] == 10  # 48 KiB at most
-    assert cuda.dwp_build(last, 4, "sm_90") == (24576, 6) and cuda.dwp_build(m14, 4, "sm_90") == (49152, 4)
-    assert cuda.dwp_build(m14, 4, "sm_80") == (49152, 3) and cuda.dwp_build(last, 2, "gfx90a") == (16384, 3)
-    assert cuda.dwp_build(last, 2, "sm_90") == (16384, 5) and cuda.dwp_build(last, 8, "sm_90") == (49152, 4)
-    pad0 = dataclasses.replace(last, Y=(1, 5, 5), P=(0, 0, 0))  # the larger direction sizes the module
-    fwd, bwd = cuda.dw_planes(pad0, "fwd", 4), cuda.dw_planes(pad0, "bwd_data", 4)
-    assert fwd == (48, 48 * (2 * 49 + 25) * 4 + 32) and bwd == (36, 36 * (2 * 25 + 49) * 4 + 32)
-    assert cuda.dwp_build(pad0, 4, "sm_90") == (24576, 6)
-    monkeypatch.setenv(cuda.DWP_ENV, "64,0")
-    assert cuda.dw_planes(last, "fwd", 4)[0] == 8 and cuda.dwp_build(last, 4, "sm_90")[1] == 0
-
-
 PLANES_CASES = [  # Note [depthwise planes]: 2-D NCHW 3x3 stride 1 on planes of at most DWP_PLANE elements
     EmuCase(2, 2, 5, 5, 7, 3, padding=1, groups=5),  # mbv2-dw3x3-last's 7x7 planes, one strip a row
     EmuCase(2, 1, 3, 3, 14, 3, padding=1, groups=3),  # 14x14: strips of 4, 4, 4, 2
@@ -478,72 +465,130 @@ PLANES_CASES = [  # Note [depthwise planes]: 2-D NCHW 3x3 stride 1 on planes of 
     EmuCase(2, 2, 4, 4, 7, 3, padding=1, groups=4, layout="strided"),  # X not plane-contiguous: rows3s1 forward
 ]
 
+@pytest.fixture(params=["cl", "all"])
+def tile_where(request, monkeypatch):
+    """Where the depthwise tile kernels run: 'cl' (channels-last only: no NCHW view is big enough) or 'all' (every
+    view whose filter they take, however small), by the thresholds of Note [depthwise tile]."""
+    if request.param == "cl":
+        monkeypatch.setattr(depthwise, "DW_TILE_MIN_ROWS", 10**9)
+    else:
+        monkeypatch.setattr(depthwise, "DW_TILE_MIN_ROWS", 0)
+        monkeypatch.setattr(depthwise, "DW_TILE_MIN_WORK", 0)
+    return request.param
 
-@pytest.mark.parametrize("sizes", [None, "8,0", "8,1"], ids=["default", "small-chunks", "sm-blocks"])
+
+def test_depthwise_tile_shapes_match_the_header():
+    """depthwise.DW_TILE sizes the tile kernels' grids and names their shape in plans: it must say what
+    cuda/conv_depthwise_tile.cuh compiles by default, family by family."""
+    src = (CUDA_DIR / "conv_depthwise_tile.cuh").read_text()
+    d = {k: int(v) for k, v in re.findall(r"#define (PC_DWT_\w+) (\d+)", src)}
+    fam = {"nchw": ("THN", "VWN"), "nchw16": ("THN16", "VWN16"), "nchw3d": ("TH3", "VW3"), "cl": ("THC", "VWC"),
+           "cl3d": ("THC3", "VWC"), "w4": ("THW4", "VWW4")}
+    assert depthwise.DW_TILE == {k: (d["PC_DWT_" + th], d["PC_DWT_" + vw]) for k, (th, vw) in fam.items()}
+    assert [depthwise.dw_tile_key(cl, r, dt) for cl, r, dt in [
+        (False, 2, "float32"), (False, 2, "bfloat16"), (False, 3, "float16"), (True, 2, "float16"),
+        (True, 3, "float32"), (False, 1, "float64")]] == ["nchw", "nchw16", "nchw3d", "cl", "cl3d", "nchw"]
+
+
+@pytest.mark.parametrize("case", DW3_CASES, ids=lambda c: f"r{c.rank}s{c.stride}p{c.padding}c{c.c}{c.layout}"
+                         f"{'t' if c.transposed else ''}")
+def test_depthwise_tile_bodies_on_cpu(emu_backend, case, tile_where, monkeypatch):
+    """The depthwise tile kernels and the stride-2 backward-data window in every dtype against aten in float64."""
+    _depthwise_all_dtypes(emu_backend, case, monkeypatch)
+
+
+def _depthwise_all_dtypes(emu_backend, case, monkeypatch):
+    for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16):
+        x, w, b, problem, go, ref = _setup(case, dtype)
+        if case.layout == "chlast" and case.rank >= 2:  # dY in x's layout too, as autograd gives it: the vector paths
+            go = go.contiguous(memory_format=torch.channels_last if case.rank == 2 else torch.channels_last_3d)
+        p = run_plan(emu_backend, monkeypatch, problem)
+        assert p.algorithm == "depthwise"
+        _check(_all(p, x, w, b, go), ref, dtype, f"depthwise ({'; '.join(p.kernels[0].lines())})")
+
+
+def test_depthwise_planes_sizes(monkeypatch):
+    """Note [depthwise planes]: planes a chunk (about DWP_UNITS result columns, 16-byte aligned chunk starts, within
+    DWP_MAX_BYTES), the module's shared memory in DWP_STEP steps and the blocks an SM it leaves."""
+    last = ConvView(32, 960, 960, 960, (1, 7, 7), (1, 7, 7), (1, 3, 3), (1, 1, 1), (0, 1, 1), (1, 1, 1))
+    m14 = dataclasses.replace(last, C=576, K=576, G=576, X=(1, 14, 14), Y=(1, 14, 14))
+    dw_planes, dwp_build = depthwise.dw_planes, depthwise.dwp_build
+    assert dw_planes(last, "fwd", 4) == (36, 36 * 147 * 4 + 32)  # 252 columns; 36 x 196 bytes: 16-byte steps
+    assert dw_planes(last, "bwd_data", 2)[0] == 32  # 98-byte planes: 8 a 16-byte step
+    assert dw_planes(m14, "fwd", 4)[0] == 18 and dw_planes(m14, "fwd", 8)[0] == 10  # 48 KiB at most
+    assert dwp_build(last, 4, "sm_90") == (24576, 6) and dwp_build(m14, 4, "sm_90") == (49152, 4)
+    assert dwp_build(m14, 4, "sm_80") == (49152, 3) and dwp_build(last, 2, "gfx90a") == (16384, 3)
+    assert dwp_build(last, 2, "sm_90") == (16384, 5) and dwp_build(last, 8, "sm_90") == (49152, 4)
+    pad0 = dataclasses.replace(last, Y=(1, 5, 5), P=(0, 0, 0))  # the larger direction sizes the module
+    fwd, bwd = dw_planes(pad0, "fwd", 4), dw_planes(pad0, "bwd_data", 4)
+    assert fwd == (48, 48 * (2 * 49 + 25) * 4 + 32) and bwd == (36, 36 * (2 * 25 + 49) * 4 + 32)
+    assert dwp_build(pad0, 4, "sm_90") == (24576, 6)
+    monkeypatch.setattr(depthwise, "DWP_UNITS", 64)
+    monkeypatch.setattr(depthwise, "DWP_BLOCKS", {2: 0, 4: 0, 8: 0})
+    assert dw_planes(last, "fwd", 4)[0] == 8 and dwp_build(last, 4, "sm_90")[1] == 0
+
+
+@pytest.mark.parametrize("sizes", [None, (8, 0), (8, 1)], ids=["default", "small-chunks", "sm-blocks"])
 @pytest.mark.parametrize("case", PLANES_CASES, ids=lambda c: f"n{c.n}c{c.c}s{c.size}p{c.padding}{c.layout}")
 def test_depthwise_planes_on_cpu(emu_backend, case, sizes, monkeypatch):
     """Note [depthwise planes]: forward (with bias) and grad_input through portconv_depthwise_*_planes in all four
-    dtypes against aten in float64, outputs poisoned. 'small-chunks' gives a chunk 1 to 8 planes and a block each:
-    many blocks, a short last chunk, chunk starts off 16 bytes (the element-wise copies); 'sm-blocks' runs them on
-    one block an emulated SM (2), each block several chunks, through both source buffers. A view whose planes are
-    not back to back runs rows3s1."""
-    monkeypatch.setenv("PORTCONV_POISON", "1")
-    monkeypatch.delenv(cuda.DW_ENV, raising=False)
+    dtypes against aten in float64, outputs poisoned. 'small-chunks' (DWP_UNITS 8, DWP_BLOCKS 0) gives a chunk 1 to 8
+    planes and a block each: many blocks, a short last chunk, chunk starts off 16 bytes (the element-wise copies);
+    'sm-blocks' (DWP_BLOCKS 1) runs them on one block an emulated SM (2), each block several chunks, through both
+    source buffers. A view whose planes are not back to back runs rows3s1."""
     if sizes:
-        monkeypatch.setenv(cuda.DWP_ENV, sizes)
-    launches = spy_launches(monkeypatch)
-    _depthwise_all_dtypes(emu_backend, case)
-    names = {n for n, _, _ in launches}
+        monkeypatch.setattr(depthwise, "DWP_UNITS", sizes[0])
+        monkeypatch.setattr(depthwise, "DWP_BLOCKS", dict.fromkeys((2, 4, 8), sizes[1]))
+    launches = []
+    for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16):
+        x, w, b, problem, go, ref = _setup(case, dtype)
+        p = run_plan(emu_backend, monkeypatch, problem)
+        _check(_all(p, x, w, b, go), ref, dtype, f"planes ({'; '.join(p.kernels[0].lines())})")
+        launches += emu_backend.launches()
+    names = {x_.kernel for x_ in launches}
     strided = case.layout == "strided"
     assert ("portconv_depthwise_fwd" + ("_rows3s1" if strided else "_planes")) in names, names
     assert "portconv_depthwise_bwd_data_planes" in names, names  # dY and dX are dense
-    grids = {g[0] for n, _, g in launches if n.endswith("_planes")}
+    grids = {x_.grid[0] for x_ in launches if x_.kernel.endswith("_planes")}
     if sizes:
-        assert max(grids) <= 2 if sizes.endswith(",1") else max(grids) >= 2, grids
+        assert max(grids) <= 2 if sizes[1] == 1 else max(grids) >= 2, grids
 
 
-@pytest.mark.parametrize("extra", [{"PC_DWT_LA": 0}, {"PC_DWT_PF": 0, "PC_DWT_PF16": 1}, {"PC_DWT_PK": 0},
-                                   {"PC_DWT_RING": 1, "PC_DWT_RD": 2, "PC_DWT_FRING": 1, "PC_DWT_FRD": 4,
+@pytest.mark.parametrize("extra", [{"PC_DWT_RING": 1, "PC_DWT_RD": 2, "PC_DWT_FRING": 1, "PC_DWT_FRD": 4,
                                     "PC_DWT_NRING": 1},
                                    {"PC_DWT_RING": 1, "PC_DWT_RD": 4, "PC_DWT_FRING": 1, "PC_DWT_FRD": 2,
                                     "PC_DWT_NRING": 1},
-                                   {"PC_DWT_Q4": 0}, {"PC_DWT_QD": 3}],
-                         ids=["no-lookahead", "pf-swapped", "unpacked", "ring2", "ring4", "no-quad", "quad-qd3"])
-def test_depthwise_tile_switches_on_cpu(emu_backend, extra, monkeypatch):
-    """The tile kernels' compile-time switches that keep the tile shape (Note [row lookahead] off, prefetch or
-    rolling window per dtype class swapped, Note [packed rows] off, Note [quad rows] off or with 3 rows in flight,
-    Note [async row ring] on in every kernel that has it, with 2 and 4 slots: the CPU prelude copies synchronously, so
-    the ring is off there by default) stay correct: every DW3 case, tiles everywhere, every dtype. The defaults run in
-    test_depthwise_v3_bodies_on_cpu."""
-    init = cuda._Run.__init__
-
-    def with_defines(self, *args, **kw):
-        init(self, *args, **kw)
-        self.defines = {**self.defines, **extra}
-
-    monkeypatch.setattr(cuda._Run, "__init__", with_defines)
-    monkeypatch.setenv("PORTCONV_POISON", "1")
-    monkeypatch.setenv(cuda.DW_TILE_ENV, "all")
+                                   {"PC_DWT_QD": 3}],
+                         ids=["ring2", "ring4", "quad-qd3"])
+def test_depthwise_tile_switches_on_cpu(extra, knob_env, tmp_path, monkeypatch):
+    """The tile kernels' compile-time parameters that keep the tile shape stay correct: Note [async row ring] on in
+    every kernel that has it, with 2 and 4 slots (the GPU's default with cp.async; the CPU prelude copies
+    synchronously, so the ring is off there by default), and Note [quad rows] with 3 rows in flight: every DW3 case,
+    tiles everywhere, every dtype. The defaults run in test_depthwise_tile_bodies_on_cpu."""
+    if shutil.which("g++") is None:
+        pytest.skip("g++ not found: the CPU emulation of the CUDA bodies needs a C++20 compiler")
+    knob_env("PORTCONV_POISON", "1")
+    monkeypatch.setattr(depthwise, "DW_TILE_MIN_ROWS", 0)
+    monkeypatch.setattr(depthwise, "DW_TILE_MIN_WORK", 0)
+    be = EmuBackend(EmuKernels(tmp_path, extra=extra))
     for case in DW3_CASES:
-        _depthwise_all_dtypes(emu_backend, case)
+        _depthwise_all_dtypes(be, case, monkeypatch)
 
 
-def test_depthwise_v3_selection(monkeypatch):
-    """Which depthwise kernel runs where (cuda.depthwise_kernels), per layout and PORTCONV_CUDA_DEPTHWISE."""
-    def view(s, rank=2, k=144, r=3):
+def test_depthwise_selection(monkeypatch):
+    """Which depthwise kernel runs where (depthwise.depthwise_kernels), per layout, and the strip width."""
+    def view_(s, rank=2, k=144, r=3):
         lead = 3 - rank
-        return cuda.ConvView(32, 144, k, 144, (1,) * lead + (56,) * rank, (1,) * lead + (56 // s,) * rank,
-                             (1,) * lead + (r,) * rank, (1,) * lead + (s,) * rank, (0,) * lead + (1,) * rank,
-                             (1, 1, 1))
+        return ConvView(32, 144, k, 144, (1,) * lead + (56,) * rank, (1,) * lead + (56 // s,) * rank,
+                        (1,) * lead + (r,) * rank, (1,) * lead + (s,) * rank, (0,) * lead + (1,) * rank, (1, 1, 1))
 
-    monkeypatch.delenv(cuda.DW_ENV, raising=False)
-    monkeypatch.delenv(cuda.DW_TILE_ENV, raising=False)
-    ks = cuda.depthwise_kernels
-    assert ks(view(1), cl=True) == {"fwd": "tile_s1", "bwd_data": "tile_s1", "bwd_weight": "tile2d_s1"}
-    assert ks(view(2), cl=True) == {"fwd": "tile_s2", "bwd_data": "rows3s2", "bwd_weight": "tile2d_s2"}
-    assert ks(view(1)) == {"fwd": "tilen_s1", "bwd_data": "tilen_s1", "bwd_weight": "rows2d_s1"}  # auto: big
-    assert ks(view(2)) == {"fwd": "tilen_s2", "bwd_data": "rows3s2", "bwd_weight": "rows2d_s2"}
-    small = dataclasses.replace(view(1), X=(1, 7, 7), Y=(1, 7, 7))  # mbv2-dw3x3-last: Note [depthwise planes]
+    ks = depthwise.depthwise_kernels
+    assert ks(view_(1), cl=True) == {"fwd": "tile_s1", "bwd_data": "tile_s1", "bwd_weight": "tile2d_s1"}
+    assert ks(view_(2), cl=True) == {"fwd": "tile_s2", "bwd_data": "rows3s2", "bwd_weight": "tile2d_s2"}
+    assert ks(view_(1)) == {"fwd": "tilen_s1", "bwd_data": "tilen_s1", "bwd_weight": "rows2d_s1"}  # big enough
+    assert ks(view_(2)) == {"fwd": "tilen_s2", "bwd_data": "rows3s2", "bwd_weight": "rows2d_s2"}
+    assert ks(view_(2, rank=3))["fwd"] == "tilen3d_s2"
+    small = dataclasses.replace(view_(1), X=(1, 7, 7), Y=(1, 7, 7))  # mbv2-dw3x3-last: Note [depthwise planes]
     assert ks(small) == {"fwd": "planes", "bwd_data": "planes", "bwd_weight": "rows2d_s1"}
     assert ks(small, cl=True)["fwd"] == "tile_s1"
     assert ks(dataclasses.replace(small, X=(1, 16, 16), Y=(1, 16, 16)))["fwd"] == "tilen_s1"  # the tile's first
@@ -551,34 +596,26 @@ def test_depthwise_v3_selection(monkeypatch):
     assert ks(dataclasses.replace(small, X=(1, 15, 19), Y=(1, 15, 19)))["fwd"] == "rows3s1"  # 285 > DWP_PLANE
     assert ks(dataclasses.replace(small, X=(1, 14, 14), Y=(1, 7, 7), S=(1, 2, 2)))["fwd"] == "rows3s2"  # stride 2
     assert ks(dataclasses.replace(small, K=288))["fwd"] == "rows3s1"  # channel multiplier 2
-    monkeypatch.setenv(cuda.DW_ENV, "v3")  # before Note [depthwise planes]
-    assert ks(small) == {"fwd": "rows3s1", "bwd_data": "rows3s1", "bwd_weight": "rows2d_s1"}
-    monkeypatch.delenv(cuda.DW_ENV)
+    assert ks(view_(1, rank=3), cl=True)["bwd_weight"] == "tile3d_s1"
+    assert ks(view_(1, k=288), cl=True)["fwd"] == "rows3s1"  # channel multiplier 2: no tile kernel
+    assert ks(view_(1, r=5)) == {"fwd": "rows", "bwd_data": "rows", "bwd_weight": "plain"}  # 5x5: generic strips
 
-    def v(view_, dtype, cl):  # Note [whole-row strips]
-        return cuda.dw_v(view_, dtype, cl, ks(view_, cl=cl))
+    def v(view__, dtype, cl):  # Note [whole-row strips]
+        return depthwise.dw_v(view__, dtype, cl, ks(view__, cl=cl))
 
-    assert v(small, "float32", False) == v(small, "bfloat16", True) == 8 and v(view(1), "float32", False) == 4
-    assert v(dataclasses.replace(view(2), X=(1, 14, 14), Y=(1, 7, 7)), "float32", False) == 4  # 14-wide X: 2 strips
-    assert v(view(1), "bfloat16", False) == v(view(1), "float16", False) == 16  # only the weight gradient on 'rows'
-    assert v(view(1), "bfloat16", True) == v(view(2), "bfloat16", False) == v(view(1, rank=3), "float16", False) == 4
-    b1 = dataclasses.replace(view(1), N=1, C=32, K=32, G=32, X=(1, 112, 112), Y=(1, 112, 112))  # mbv2-dw3x3-b1
-    assert ks(b1) == {"fwd": "tilen_s1", "bwd_data": "tilen_s1", "bwd_weight": "rows2d_s1"}  # 8 x 2 tiles win ("v11")
+    assert v(small, "float32", False) == v(small, "bfloat16", True) == 8 and v(view_(1), "float32", False) == 4
+    assert v(dataclasses.replace(view_(2), X=(1, 14, 14), Y=(1, 7, 7)), "float32", False) == 4  # 14-wide X: 2 strips
+    assert v(view_(1), "bfloat16", False) == v(view_(1), "float16", False) == 16  # only the weight gradient on 'rows'
+    assert v(view_(1), "bfloat16", True) == v(view_(2), "bfloat16", False) == v(view_(1, rank=3), "float16", False) == 4
+    b1 = dataclasses.replace(view_(1), N=1, C=32, K=32, G=32, X=(1, 112, 112), Y=(1, 112, 112))  # mbv2-dw3x3-b1
+    assert ks(b1) == {"fwd": "tilen_s1", "bwd_data": "tilen_s1", "bwd_weight": "rows2d_s1"}  # 8 x 2 tiles win
     assert ks(dataclasses.replace(b1, C=16, K=16, G=16))["fwd"] == "rows3s1"  # 12544 tiles: under DW_TILE_MIN_WORK
-    monkeypatch.setenv(cuda.DW_TILE_ENV, "cl")
-    assert ks(view(1)) == {"fwd": "rows3s1", "bwd_data": "rows3s1", "bwd_weight": "rows2d_s1"}  # 56x56: too big
-    assert ks(view(1, rank=3), cl=True)["bwd_weight"] == "tile3d_s1"
-    assert ks(view(1, k=288), cl=True)["fwd"] == "rows3s1"  # channel multiplier 2: no tile kernel
-    monkeypatch.setenv(cuda.DW_TILE_ENV, "all")
-    assert ks(view(1)) == {"fwd": "tilen_s1", "bwd_data": "tilen_s1", "bwd_weight": "rows2d_s1"}
-    assert ks(view(2, rank=3))["fwd"] == "tilen3d_s2"
-    monkeypatch.setenv(cuda.DW_ENV, "v2")
-    assert ks(view(2), cl=True) == {"fwd": "rows3s2", "bwd_data": "rows", "bwd_weight": "rows2d_s2"}
-    monkeypatch.setenv(cuda.DW_ENV, "v1")
-    assert set(ks(view(1), cl=True).values()) == {"plain"}
+    monkeypatch.setattr(depthwise, "DW_TILE_MIN_ROWS", 10**9)  # tiles for channels-last only
+    assert ks(view_(1)) == {"fwd": "rows3s1", "bwd_data": "rows3s1", "bwd_weight": "rows2d_s1"}  # 56x56: too big
+    assert ks(view_(1), cl=True)["fwd"] == "tile_s1"
 
 
-@pytest.mark.parametrize("case", [c for c in EMU_CASES if c.groups == 1] + [
+IGEMM_TC_CASES = [c for c in EMU_CASES if c.groups == 1] + [
     EmuCase(2, 2, 5, 7, 9, 4, stride=3, padding=2),  # 9 phases, taps 4 over stride 3: phases with 1 or 2 taps
     EmuCase(2, 1, 3, 4, 6, 1, stride=2),  # 1x1 stride 2: three of four phases reach no tap (zeros + bias)
     EmuCase(2, 1, 4, 5, 9, 3, padding=3, dilation=3),  # stride 1, dilation 3: one phase, dY steps of 3
@@ -590,17 +627,36 @@ def test_depthwise_v3_selection(monkeypatch):
     EmuCase(1, 2, 16, 32, 9, 5, padding=2, dilation=2, layout="strided"),
     EmuCase(3, 1, 16, 16, 4, 3, padding=1),
     EmuCase(2, 1, 16, 32, 4, 3, stride=2, padding=1, transposed=True, output_padding=1),
-], ids=lambda c: f"r{c.rank}s{c.stride}k{c.kernel}{'t' if c.transposed else ''}{c.layout}")
+]
+
+
+def _tc_plan(emu_backend, monkeypatch, problem: Problem) -> Plan:
+    """The igemm-tc plan of ``problem``: options(algorithm='igemm-tc') for the 16-bit types; float64, which the tensor
+    cores refuse, takes the same host path through the tensor-core family's Choice (the emulator's FMA tile computes
+    it in float64, so the host path is checked to 1e-10)."""
+    if problem.dtype != "float64":
+        return run_plan(emu_backend, monkeypatch, problem, Options(algorithm="igemm-tc"))
+    with pytest.raises(Unsupported, match="no tensor-core tile for float64"):
+        emu_backend.choose(problem, _DEVICE, Options(algorithm="igemm-tc"))
+    fma = emu_backend.choose(problem, _DEVICE, Options(algorithm="implicit_gemm"))
+    return run_plan(emu_backend, monkeypatch, problem, choice=dataclasses.replace(fma, algorithm="igemm-tc"))
+
+
+@pytest.mark.parametrize("case", IGEMM_TC_CASES,
+                         ids=lambda c: f"r{c.rank}s{c.stride}k{c.kernel}{'t' if c.transposed else ''}{c.layout}")
 def test_igemm_tc_host_path_on_cpu(emu_backend, case, monkeypatch):
     """The igemm-tc plan's host path (tile defines, grids, Note [bwd-data phases] kernel) with the emulator's FMA
     tile in place of the tensor cores (PC_TENSOR_CORES stays 0 there; the tile is pinned to the FMA tile's 64x64)."""
-    monkeypatch.setenv("PORTCONV_POISON", "1")
-    monkeypatch.setattr(cuda, "tc_tile", lambda *a, **k: (64, 64, 2))
+    monkeypatch.setattr(igemm, "tc_tile", lambda *a, **k: (64, 64, 2))
     for dtype in (torch.float64, torch.bfloat16):
-        x, w, b, problem, choice, go, ref = _setup(emu_backend, case, dtype)
-        plan = Plan(problem, BackendId.CUDA, "igemm-tc", choice.memory_format, choice.reason, _DEVICE)
-        got = (emu_backend.forward(plan, x, w, b), *emu_backend.backward(plan, go, x, w, (True, True, True)))
-        _check(got, ref, dtype, "igemm-tc")
+        x, w, b, problem, go, ref = _setup(case, dtype)
+        p = _tc_plan(emu_backend, monkeypatch, problem)
+        _check(_all(p, x, w, b, go), ref, dtype, "igemm-tc")
+        tc = [x_ for x_ in emu_backend.launches() if x_.kernel.startswith("portconv_igemm")]
+        assert tc and all(("PC_TENSOR_CORES", "1") in x_.module.defines for x_ in tc)
+        v = ConvView.of(problem)
+        phase = any(x_.kernel == "portconv_igemm_bwd_data_phase" for x_ in tc)
+        assert phase == (v.phased and not igemm.narrow_col(v, w.shape, w.stride())), [x_.kernel for x_ in tc]
 
 
 @pytest.mark.parametrize("case", [
@@ -614,23 +670,23 @@ def test_tn_host_path_on_cpu(emu_backend, case, monkeypatch):
     order, channel-innermost, keeping W's order in the split workspace): the weight-gradient launch carries FLAG_VA |
     FLAG_VB for channels-last operands and for NCHW bfloat16 ones after staging (stage_pays overruled), not for NCHW
     float64 (only 16-bit operands are staged for it); all four results match the float64 reference."""
-    monkeypatch.setenv("PORTCONV_POISON", "1")
-    monkeypatch.setattr(cuda, "tc_tile", lambda *a, **k: (64, 64, 2))
-    monkeypatch.setattr(cuda, "stage_pays", lambda macs, elems, direction: bool(elems))
-    launches = spy_launches(monkeypatch)
-    vec = cuda.FLAG_VA | cuda.FLAG_VB
+    monkeypatch.setattr(igemm, "tc_tile", lambda *a, **k: (64, 64, 2))
+    monkeypatch.setattr(igemm, "stage_pays", lambda macs, elems, direction: bool(elems))
+    vec = view.FLAG_VA | view.FLAG_VB
     for dtype in (torch.float64, torch.bfloat16):
-        launches.clear()
-        x, w, b, problem, choice, go, ref = _setup(emu_backend, case, dtype)
+        x, w, b, problem, go, ref = _setup(case, dtype)
         if case.layout == "chlast":  # dY channels-last too
             go = go.contiguous(memory_format=torch.channels_last)
-        plan = Plan(problem, BackendId.CUDA, "igemm-tc", choice.memory_format, choice.reason, _DEVICE)
-        got = (emu_backend.forward(plan, x, w, b), *emu_backend.backward(plan, go, x, w, (True, True, True)))
-        _check(got, ref, dtype, "igemm-tc TN")
-        (flags,) = [f for n, f, _ in launches if n == "portconv_igemm_bwd_weight"]
-        assert (flags & vec == vec) == (case.layout == "chlast" or dtype == torch.bfloat16), launches
-    if case.rank == 2 and case.size > 20:  # split: the workspace keeps W's order whatever the columns' (out_col)
-        assert [g for n, _, g in launches if n == "portconv_igemm_bwd_weight"][0][2] > 1, launches
+        p = _tc_plan(emu_backend, monkeypatch, problem)
+        _check(_all(p, x, w, b, go), ref, dtype, "igemm-tc TN")
+        (wg,) = [x_ for x_ in emu_backend.launches() if x_.kernel == "portconv_igemm_bwd_weight"]
+        assert (view.arg_field(wg, "flags") & vec == vec) == (case.layout == "chlast" or dtype == torch.bfloat16), wg
+        if case.rank == 2 and case.size > 20:  # split: the workspace keeps W's order whatever the columns' (out_col)
+            assert wg.grid[2] > 1, wg
+
+
+def _operand(t, role: str = "x") -> view.Operand:
+    return view.Operand(role, Layout(tuple(t.shape), t.stride(), t.data_ptr() % 16))
 
 
 def test_vector_ok():
@@ -638,24 +694,26 @@ def test_vector_ok():
     contiguous, its other axes (of extent > 1) step by 16-byte multiples and its address is 16-byte aligned."""
     x = torch.empty(2, 32, 5, 7, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
     assert x.data_ptr() % 16 == 0
-    assert cuda.vector_ok(x, 2)
-    assert not cuda.vector_ok(x.contiguous(), 2)  # NCHW: channels HW apart
+    assert view.vector_ok(_operand(x), 2)
+    assert not view.vector_ok(_operand(x.contiguous()), 2)  # NCHW: channels HW apart
     buf = torch.empty(x.numel() + 1, dtype=torch.float16)
-    assert not cuda.vector_ok(buf[1:].as_strided(x.shape, x.stride()), 2)  # 2 bytes past alignment
+    assert not view.vector_ok(_operand(buf[1:].as_strided(x.shape, x.stride())), 2)  # 2 bytes past alignment
     odd = torch.empty(2, 12, 5, 7, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
-    assert not cuda.vector_ok(odd, 2)  # a pixel is 24 bytes: its neighbour is not 16-byte aligned
+    assert not view.vector_ok(_operand(odd), 2)  # a pixel is 24 bytes: its neighbour is not 16-byte aligned
     one = torch.empty(1, 12, 1, 1, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
-    assert cuda.vector_ok(one, 2) == (one.data_ptr() % 16 == 0)  # extent-1 axes never step
+    assert view.vector_ok(_operand(one), 2) == (one.data_ptr() % 16 == 0)  # extent-1 axes never step
     f = torch.empty(2, 4, 3, 3, dtype=torch.float32).contiguous(memory_format=torch.channels_last)
-    assert cuda.vector_ok(f, 4)
+    assert view.vector_ok(_operand(f), 4)
+    assert not view.vector_ok(None, 2)
 
 
 def test_stage_pays():
     """Note [channels-last staging]: the measured rule, per staged element and in all."""
-    assert cuda.stage_pays(1 << 30, [1 << 20], "fwd") and cuda.stage_pays(1 << 28, [1 << 20], "bwd_data")
-    assert not cuda.stage_pays(64 * 25_690_112, [25_690_112], "bwd_data")  # resnet50-1x1-expand: 64 / element
-    assert not cuda.stage_pays(925_000_000, [802_816, 73_728], "fwd")  # deepbench-b1-3x3's forward
-    assert cuda.stage_pays(925_000_000, [802_816, 73_728], "bwd_data")  # ... its backward-data
-    assert not cuda.stage_pays(1 << 30, [], "fwd")  # nothing to stage
-    assert not cuda.stage_pays(3_699_376_128, [12_845_056], "bwd_weight")  # resnet50-l1-3x3's weight gradient
-    assert cuda.stage_pays(10_060_038_144, [19_652_608], "bwd_weight")  # wav2vec2-conv1d's
+    stage_pays = igemm.stage_pays
+    assert stage_pays(1 << 30, [1 << 20], "fwd") and stage_pays(1 << 28, [1 << 20], "bwd_data")
+    assert not stage_pays(64 * 25_690_112, [25_690_112], "bwd_data")  # resnet50-1x1-expand: 64 / element
+    assert not stage_pays(925_000_000, [802_816, 73_728], "fwd")  # deepbench-b1-3x3's forward
+    assert stage_pays(925_000_000, [802_816, 73_728], "bwd_data")  # ... its backward-data
+    assert not stage_pays(1 << 30, [], "fwd")  # nothing to stage
+    assert not stage_pays(3_699_376_128, [12_845_056], "bwd_weight")  # resnet50-l1-3x3's weight gradient
+    assert stage_pays(10_060_038_144, [19_652_608], "bwd_weight")  # wav2vec2-conv1d's

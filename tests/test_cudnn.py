@@ -12,11 +12,12 @@ from gpu_refs import TOL
 from gpu_refs import reference as _reference
 
 import portconv
-from portconv.backends import Problem, cudnn
+from portconv.backends import cudnn
 from portconv.errors import BackendUnavailable, Unsupported
 from portconv.params import ConvParams
-from portconv.plan import clear_cache
-from portconv.rules import TorchContext
+from portconv.planner import clear_cache
+from portconv.problem import Problem
+from portconv.rules import TorchContext, conv_tf32
 from portconv.tensors import TensorSpec, dense_strides
 
 # cuDNN's kernels (legacy names, xmma/cutlass engines, runtime-compiled engines); PyTorch's own conv kernels.
@@ -91,14 +92,14 @@ def test_tf32_policy_chain():
             cudnn=types.SimpleNamespace(conv=types.SimpleNamespace(fp32_precision=conv), fp32_precision=cud),
             fp32_precision=top))
 
-    assert cudnn.cudnn_conv_tf32(fake("tf32"))[0] is True
-    assert cudnn.cudnn_conv_tf32(fake("ieee"))[0] is False
-    assert cudnn.cudnn_conv_tf32(fake("none", "ieee"))[0] is False
-    allowed, why = cudnn.cudnn_conv_tf32(fake("none", "none", "tf32"))
+    assert conv_tf32(fake("tf32"))[0] is True
+    assert conv_tf32(fake("ieee"))[0] is False
+    assert conv_tf32(fake("none", "ieee"))[0] is False
+    allowed, why = conv_tf32(fake("none", "none", "tf32"))
     assert allowed and "torch.backends.fp32_precision" in why
-    assert cudnn.cudnn_conv_tf32(fake("none"))[0] is False  # what `cudnn.allow_tf32 = False` leaves
+    assert conv_tf32(fake("none"))[0] is False  # what `cudnn.allow_tf32 = False` leaves
     old = types.SimpleNamespace(backends=types.SimpleNamespace(cudnn=types.SimpleNamespace(allow_tf32=False)))
-    assert cudnn.cudnn_conv_tf32(old) == (False, "torch.backends.cudnn.allow_tf32 = False")
+    assert conv_tf32(old) == (False, "torch.backends.cudnn.allow_tf32 = False")
 
 
 def test_unavailable_on_cpu_only_and_rocm_torch(monkeypatch):

@@ -21,8 +21,8 @@ hip_build = importlib.util.module_from_spec(_spec)
 sys.modules["hip_build"] = hip_build  # dataclasses look their module up there
 _spec.loader.exec_module(hip_build)
 
-from portconv.backends import cuda as cuda_backend  # noqa: E402
-from portconv.backends import hip as hipbackend  # noqa: E402
+from portconv.backends.simt import hip as hipbackend  # noqa: E402
+from portconv.backends.simt import select  # noqa: E402
 
 
 def _need(tool: str | None, what: str, env: str) -> str:
@@ -59,7 +59,7 @@ def test_hip_entries_only_include_the_shared_bodies():
         assert included[0] == "prelude.h"
         for inc in included[1:]:
             assert (ROOT / "cuda" / inc).is_file(), f"{entry} includes {inc}, which is not a cuda/ body"
-        cuda_entry = (ROOT / "cuda" / cuda_backend.ENTRY[alg]).read_text()
+        cuda_entry = (ROOT / "cuda" / select.ENTRY[alg]).read_text()
         cuda_bodies = re.findall(r'#include "([^"]+)"', cuda_entry)[1:]
         assert included[1:] == cuda_bodies, f"{entry} and its cuda/ twin include different bodies"
 

@@ -16,7 +16,7 @@ def _imported_after(code: str) -> set[str]:
 
 
 def test_import_loads_no_vendor_module():
-    assert _imported_after("import portconv, portconv.nn, portconv.plan, portconv.functional") == set()
+    assert _imported_after("import portconv, portconv.nn, portconv.planner, portconv.functional") == set()
 
 
 def test_planning_on_aten_loads_no_vendor_module():

@@ -9,11 +9,12 @@ import torch
 import torch.nn.functional as F
 from conftest import require_backend
 
-from portconv.backends import BackendId, Problem, miopen
+from portconv.backends import Choice, miopen
+from portconv.backends.torchlib import torch_format
 from portconv.device import DeviceInfo
 from portconv.errors import Unsupported
 from portconv.params import ConvParams
-from portconv.plan import Plan
+from portconv.problem import Problem
 from portconv.rules import TorchContext, miopen_nhwc_default, select_conv_backend
 from portconv.tensors import TensorSpec, dense_strides, spec_of
 
@@ -212,15 +213,13 @@ def test_forward_and_backward_wiring_on_cpu(case, monkeypatch):
     gpu_problem = Problem(p, dataclasses.replace(spec_of(x), device_type="cuda", device_index=0, dtype="float32"),
                           dataclasses.replace(spec_of(w), device_type="cuda", device_index=0, dtype="float32"), True)
     choice = miopen.choose_rules(gpu_problem, dev, rocm_ctx(dev).replace(**changes))
-    plan = Plan(Problem(p, spec_of(x), spec_of(w), True), BackendId.MIOPEN, choice.algorithm, choice.memory_format,
-                choice.reason, dev)
+    be = miopen.MiopenRunner(Problem(p, spec_of(x), spec_of(w), True), choice)
     seen = []
     ops, fmt_holder = _emulated_ops(seen)
-    fmt_holder[0] = miopen._torch_format(torch, plan.memory_format)
+    fmt_holder[0] = torch_format(torch, choice.memory_format)
     monkeypatch.setattr(miopen, "_op", lambda name: ops[name])
     x_before = x.clone()
-    be = miopen.MiopenBackend()
-    y = be.forward(plan, x, w, b)
+    y = be.forward(x, w, b)
     assert seen == [choice.algorithm]
     xp = F.pad(x, [v for e in reversed(p.padding_extra) for v in (0, e)]) if any(p.padding_extra) else x
     ref = torch.ops.aten.convolution(xp, w, b, **p.as_aten())
@@ -231,7 +230,7 @@ def test_forward_and_backward_wiring_on_cpu(case, monkeypatch):
     if any(p.padding_extra):
         rgi = rgi[(slice(None), slice(None)) + tuple(slice(0, s) for s in xs[2:])]
     for mask in ((True, True, True), (False, True, False), (True, False, False)):
-        gi, gw, gb = be.backward(plan, go, x, w, mask)
+        gi, gw, gb = be.backward(go, x, w, mask)
         for got, r, m, name in zip((gi, gw, gb), (rgi, rgw, rgb), mask, ("grad_input", "grad_weight", "grad_bias")):
             if not m:
                 assert got is None, f"{name} was not requested"
@@ -250,20 +249,19 @@ def test_wiring_check_catches_swapped_padding_and_stride(monkeypatch):
     x, w = torch.randn(1, 2, 9, 9, dtype=torch.float64), torch.randn(3, 2, 3, 3, dtype=torch.float64)
     p = ConvParams.make(2, stride=2, padding=1)
     pr = Problem(p, spec_of(x), spec_of(w), False)
-    plan = Plan(pr, BackendId.MIOPEN, "miopen_convolution", "contiguous", "", MI250X)
-    y = miopen.MiopenBackend().forward(plan, x, w, None)
+    y = miopen.MiopenRunner(pr, Choice("miopen_convolution", "contiguous", "")).forward(x, w, None)
     ref = torch.ops.aten.convolution(x, w, None, **p.as_aten())
     assert y.shape != ref.shape or not torch.allclose(y, ref)
 
 
 # --- on ROCm ----------------------------------------------------------------------------------------------------------
-def test_runs_on_rocm(requested_backends, monkeypatch):
+def test_runs_on_rocm(requested_backends, knob_env):
     if "miopen" not in requested_backends:
         pytest.skip("the miopen backend was not requested (pytest --backend miopen; needs ROCm PyTorch)")
     require_backend("miopen")
     import portconv
 
-    monkeypatch.setenv("PORTCONV_POISON", "1")
+    knob_env("PORTCONV_POISON", "1")
     dev = torch.device("cuda", torch.cuda.current_device())
     x = torch.randn(2, 8, 16, 16, device=dev, requires_grad=True)
     w, b = torch.randn(16, 8, 3, 3, device=dev), torch.randn(16, device=dev)

@@ -1,5 +1,8 @@
-"""portconv.nn modules: state_dict-compatible with torch.nn and numerically equal to it (aten and opencl)."""
+"""portconv.nn modules (state_dict-compatible with torch.nn, numerically equal to it), convert() and revert()."""
 from __future__ import annotations
+
+import copy
+import pickle
 
 import pytest
 import torch
@@ -25,8 +28,11 @@ def _backends():
     from portconv import backends
 
     out = ["aten"]
-    if backends.get("opencl").probe():
-        out.append("opencl")
+    try:
+        if backends.get("opencl").probe():
+            out.append("opencl")
+    except Exception:  # noqa: BLE001 - a broken opencl backend leaves the aten tests running
+        pass
     return out
 
 
@@ -54,3 +60,99 @@ def test_module_matches_torch(ours, theirs, kw, shape, backend):
 
 def test_repr_names_backend():
     assert "backend='opencl'" in repr(pnn.Conv2d(1, 1, 3, backend="opencl"))
+
+
+class _KeepsForward(torch.nn.Conv2d):
+    """A subclass with torch.nn's forward: convert() converts it."""
+
+    tag = "kept"
+
+
+class _OwnForward(torch.nn.Conv2d):
+    def forward(self, x):
+        return super().forward(x) + 1
+
+
+def _model():
+    torch.manual_seed(0)
+    nn = torch.nn
+    m = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1, padding_mode="circular"), nn.BatchNorm2d(6), nn.ReLU(),
+                      _KeepsForward(6, 6, 3, padding=1, groups=3), _OwnForward(6, 6, 1),
+                      nn.ConvTranspose2d(6, 4, 2, stride=2))
+    return m.double().eval()
+
+
+def _hook_calls(model) -> list:
+    calls = []
+    model[0].register_forward_hook(lambda mod, i, o: calls.append("hook"))
+    model[5].register_forward_pre_hook(lambda mod, i: calls.append("pre"))
+    return calls
+
+
+@pytest.mark.parametrize("backend", _backends())
+def test_convert_copies_and_keeps_everything(backend):
+    model = _model()
+    calls = _hook_calls(model)
+    before = copy.deepcopy(model.state_dict())
+    ours = pnn.convert(model, backend=backend)
+    assert [type(m) for m in model] == [type(m) for m in _model()]  # the model itself is unchanged
+    assert type(ours[0]) is pnn.Conv2d and type(ours[5]) is pnn.ConvTranspose2d
+    assert isinstance(ours[3], _KeepsForward) and isinstance(ours[3], torch.nn.Conv2d) and ours[3].tag == "kept"
+    assert type(ours[4]) is _OwnForward  # a forward of its own: left alone
+    assert ours[0].padding_mode == "circular" and not ours.training and ours[0].backend == backend
+    assert ours[0].weight is not model[0].weight and ours[0].weight.dtype == torch.float64
+    assert list(ours.state_dict()) == list(before)
+    for k, v in ours.state_dict().items():
+        assert torch.equal(v, before[k])
+    x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    calls.clear()
+    y_ref = model(x)
+    n_ref = len(calls)
+    torch.testing.assert_close(ours(x), y_ref, rtol=1e-10, atol=1e-10)
+    assert len(calls) == 2 * n_ref == 4
+    assert "backend=" in repr(ours[3]) and "padding_mode=circular" in repr(ours[0])
+
+
+def test_convert_inplace_keeps_the_parameter_objects():
+    model = _model().train()
+    params = list(model.parameters())
+    buffers = list(model.buffers())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ours = pnn.convert(model, backend="aten", inplace=True)
+    assert ours is model and type(model[0]) is pnn.Conv2d and model.training
+    assert all(a is b for a, b in zip(model.parameters(), params)) and all(
+        a is b for a, b in zip(model.buffers(), buffers))
+    w0 = model[0].weight.detach().clone()
+    model(torch.randn(2, 3, 6, 6, dtype=torch.float64)).sum().backward()
+    opt.step()
+    assert not torch.equal(params[0].detach(), w0)
+
+
+def test_revert_gives_torch_modules_and_pickles():
+    ours = pnn.convert(_model(), backend="aten")
+    restored = pickle.loads(pickle.dumps(ours))
+    assert type(restored[3]) is type(ours[3])
+    plain = pnn.revert(ours)
+    assert type(ours[0]) is pnn.Conv2d  # inplace=False left it
+    assert [type(m) for m in plain] == [type(m) for m in _model()]
+    assert "backend" not in vars(plain[0]) and "backend" not in repr(plain)
+    assert list(plain.state_dict()) == list(ours.state_dict())
+    assert pnn.revert(pnn.Conv2d(1, 1, 3), inplace=True).__class__ is torch.nn.Conv2d
+
+
+def test_convert_parametrized_and_lazy_modules():
+    from torch.nn.utils import parametrizations, parametrize
+
+    conv = parametrizations.weight_norm(torch.nn.Conv2d(2, 3, 3).double())
+    lazy = torch.nn.LazyConv2d(3, 3)
+    ours = pnn.convert(torch.nn.Sequential(conv, lazy), backend="aten")
+    assert isinstance(ours[0], pnn.Conv2d) and parametrize.is_parametrized(ours[0], "weight")
+    assert type(ours[1]) is torch.nn.LazyConv2d
+    x = torch.randn(1, 2, 5, 5, dtype=torch.float64)
+    torch.testing.assert_close(ours[0](x), conv(x), rtol=1e-10, atol=1e-10)
+    plain = pnn.revert(ours)
+    assert type(plain[0]).__bases__[0] is torch.nn.Conv2d and parametrize.is_parametrized(plain[0], "weight")
+    torch.testing.assert_close(plain[0](x), conv(x), rtol=1e-10, atol=1e-10)
+    parametrize.remove_parametrizations(ours[0], "weight")
+    assert type(ours[0]) is pnn.Conv2d
+    torch.testing.assert_close(ours[0](x), conv(x), rtol=1e-10, atol=1e-10)

@@ -1,20 +1,24 @@
 """The default plan: the GPU policy on recorded TorchContexts, the CPU order, and the per-call fast path."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import portconv
-from portconv import functional
-from portconv.backends import BackendId, Problem
-from portconv.backends.aten import AtenBackend
+from portconv import fastpath, functional, knobs
+from portconv.backends import BackendId
+from portconv.backends.aten import AtenRunner
 from portconv.params import ConvParams
-from portconv.plan import EVIDENCE, VENDOR_VIA_ATEN, OwnKernelWin, clear_cache, gpu_policy, use_backend
+from portconv.planner import clear_cache, use_backend
+from portconv.policy import NATIVE_EVIDENCE, VENDOR_VIA_ATEN, OwnKernelWin, cpu_policy, gpu_policy
+from portconv.problem import Problem
 from portconv.rules import TorchContext
 from portconv.tensors import TensorSpec, dense_strides
 
-# What TorchContext.from_torch read on the H200 of docs/performance/h200-2026-11-22 (torch 2.11, cuDNN 9.19).
+# What TorchContext.from_torch read on an H200 (torch 2.11, cuDNN 9.19).
 H200 = TorchContext(device_type="cuda", torch_version="2.11.0+cu130", has_cudnn=True, cudnn_version=91900,
                     gpu_arch="sm_90", num_threads=16, mkldnn_bf16=True)
 MI300 = TorchContext(device_type="cuda", torch_version="2.13.0+rocm7.0", is_hip=True, miopen_version=30500,
@@ -40,7 +44,7 @@ def _first(problem, ctx=H200, wins=None):
 def test_depthwise_3d_goes_to_atens_own_kernel_with_the_evidence():
     bid, why, passed, _ = _first(_problem((2, 48, 8, 28, 28), (48, 1, 3, 3, 3), padding=1, groups=48))
     assert bid == BackendId.ATEN
-    assert "CudaDepthwise3d" in why and "0.18x" in why and EVIDENCE in why
+    assert "CudaDepthwise3d" in why and "0.18x" in why and NATIVE_EVIDENCE["CudaDepthwise3d"] in why
     assert BackendId.CUDNN in passed and "CudaDepthwise3d" in passed[BackendId.CUDNN]
     assert "OWN_KERNEL_WINS" in passed[BackendId.CUDA]
 
@@ -52,14 +56,14 @@ def test_large_3x3_depthwise_goes_to_portconvs_kernels(dtype):
     assert prefer[1][0] == BackendId.ATEN  # PyTorch's own kernel stays the fallback
 
 
-def test_large_stride2_3x3_depthwise_goes_to_portconvs_kernels():  # mbv2-dw3x3-s2: notes-depthwise-v3.md
+def test_large_stride2_3x3_depthwise_goes_to_portconvs_kernels():  # mbv2-dw3x3-s2
     bid, why, _, _ = _first(_problem((32, 144, 56, 56), (144, 1, 3, 3), stride=2, padding=1, groups=144))
     assert bid == BackendId.CUDA and "OWN_KERNEL_WINS" in why and "CudaDepthwise2d" in why
     s2_3d = _problem((2, 48, 8, 56, 56), (48, 1, 3, 3, 3), stride=2, padding=1, groups=48)
     assert _first(s2_3d)[0] == BackendId.ATEN  # stride 2 is measured in 2-D only
 
 
-def test_small_measured_3x3_depthwise_goes_to_portconvs_kernels():  # h100-2026-11-24: -last
+def test_small_measured_3x3_depthwise_goes_to_portconvs_kernels():  # mbv2-dw3x3-last
     case = dict(ishape=(32, 960, 7, 7), wshape=(960, 1, 3, 3), padding=1, groups=960)  # mbv2-dw3x3-last
     bid, why, _, prefer = _first(_problem(dtype="float32", **case))
     assert bid == BackendId.CUDA and "OWN_KERNEL_WINS" in why and "CudaDepthwise2d" in why
@@ -67,14 +71,14 @@ def test_small_measured_3x3_depthwise_goes_to_portconvs_kernels():  # h100-2026-
 
 
 @pytest.mark.parametrize("case", [
-    # mbv2-dw3x3-b1 (401K outputs): host-bound per call, portconv's path measured 0.81x-1.32x (h100-2026-11-24)
+    # mbv2-dw3x3-b1 (401K outputs): host-bound per call, portconv's path measured 0.81x-1.32x (H100)
     dict(ishape=(1, 32, 112, 112), wshape=(32, 1, 3, 3), padding=1, groups=32),
     dict(ishape=(1, 32, 56, 56), wshape=(32, 1, 3, 3), padding=1, groups=32),  # smaller still
     dict(ishape=(32, 144, 56, 56), wshape=(144, 1, 5, 5), padding=2, groups=144),  # 5x5: no row
 ])
 def test_other_depthwise_goes_to_aten_with_evidence(case):
     bid, why, _, _ = _first(_problem(dtype="float32", **case))
-    assert bid == BackendId.ATEN and "CudaDepthwise2d" in why and EVIDENCE in why
+    assert bid == BackendId.ATEN and "CudaDepthwise2d" in why and NATIVE_EVIDENCE["CudaDepthwise2d"] in why
 
 
 def test_depthwise_that_aten_sends_to_cudnn_goes_to_cudnn_through_aten():
@@ -83,7 +87,7 @@ def test_depthwise_that_aten_sends_to_cudnn_goes_to_cudnn_through_aten():
     chlast = _problem((32, 144, 56, 56), (144, 1, 3, 3), "float32", "channels_last", padding=1, groups=144)
     for pr in (half, chlast):
         bid, why, passed, prefer = _first(pr)
-        assert bid == BackendId.ATEN and "ATen routes this problem and its gradients to cuDNN (Cudnn)" in why
+        assert bid == BackendId.ATEN and "ATen routes it to cuDNN (Cudnn)" in why
         assert VENDOR_VIA_ATEN in why  # Note [vendor library via ATen]: the measured reason
         assert prefer[1][0] == BackendId.CUDNN and BackendId.CUDA in passed
 
@@ -137,22 +141,42 @@ def test_own_kernel_table_rows_apply_only_to_their_class():
 
 # --- the CPU order -------------------------------------------------------------------------------------------------
 @pytest.fixture
-def fresh(monkeypatch):
+def fresh(knob_env):
     for name in ("PORTCONV_BACKEND", "PORTCONV_DISABLE", "PORTCONV_TUNE"):
-        monkeypatch.delenv(name, raising=False)
+        knob_env(name, None)
     clear_cache()
-    yield
+    yield knob_env
     clear_cache()
 
 
-def test_cpu_keeps_opencl_first_and_records_rejections(fresh, monkeypatch, requested_backends):
+def test_cpu_default_is_atens_route_unless_a_measured_row_applies(fresh, requested_backends):
+    """Note [CPU wins]: dense and 2-D depthwise CPU problems stay on ATen (OpenCL rejected with the reason); 3x3x3
+    depthwise takes the OpenCL kernels, with ATen as the fallback."""
     x, w = torch.randn(2, 4, 8, 8), torch.randn(4, 4, 3, 3)
-    if "opencl" in requested_backends:
-        pl = portconv.plan(x, w, padding=1)
-        assert pl.backend == BackendId.OPENCL and pl.rejected == ()
-    monkeypatch.setenv("PORTCONV_DISABLE", "opencl")
     pl = portconv.plan(x, w, padding=1)
+    assert pl.backend == BackendId.ATEN and "ATen's CPU route" in pl.reason
+    assert ("opencl", "not preferred: OWN_KERNEL_WINS_CPU has no row for this problem") in pl.rejected
+    dw3 = torch.randn(1, 8, 6, 10, 10), torch.randn(8, 1, 3, 3, 3)
+    if "opencl" in requested_backends:
+        pl = portconv.plan(*dw3, padding=1, groups=8)
+        assert pl.backend == BackendId.OPENCL and "OWN_KERNEL_WINS_CPU" in pl.reason
+    fresh("PORTCONV_DISABLE", "opencl")
+    pl = portconv.plan(*dw3, padding=1, groups=8)
     assert pl.backend == BackendId.ATEN and ("opencl", "disabled by PORTCONV_DISABLE") in pl.rejected
+
+
+def test_cpu_policy_rows_follow_atens_route():
+    cpu = TorchContext(num_threads=2)
+    dw3 = Problem(ConvParams.make(3, padding=1, groups=8, weight_shape=(8, 1, 3, 3, 3)),
+                  TensorSpec((1, 8, 6, 10, 10), dense_strides((1, 8, 6, 10, 10)), "float32", "cpu"),
+                  TensorSpec((8, 1, 3, 3, 3), dense_strides((8, 1, 3, 3, 3)), "float32", "cpu"), False)
+    prefer, passed = cpu_policy(dw3, cpu)
+    assert prefer[0][0] == BackendId.OPENCL and prefer[1][0] == BackendId.ATEN and passed == ()
+    prefer, passed = cpu_policy(dw3, cpu, wins=())  # no row: ATen, OpenCL passed over with the reason
+    assert prefer == ((BackendId.ATEN, prefer[0][1]),) and passed[0][0] == BackendId.OPENCL
+    half = dataclasses.replace(dw3, input=dataclasses.replace(dw3.input, dtype="bfloat16"),
+                               weight=dataclasses.replace(dw3.weight, dtype="bfloat16"))
+    assert cpu_policy(half, cpu)[0][0][0] == BackendId.ATEN  # the row is float32/float64 only
 
 
 # --- the fast path -------------------------------------------------------------------------------------------------
@@ -189,7 +213,7 @@ def test_fast_path_skips_checks_and_planning_and_returns_the_same_plan(fresh, mo
         assert torch.allclose(portconv.conv2d(x[0], w, b, padding=1, backend="aten"), want[0], atol=1e-5)
         assert torch.equal(conv(), want)
     monkeypatch.undo()
-    hits = [v for k, v in functional._fast.items() if k[0] == "conv2d" and k[2] == x.shape]
+    hits = [v for k, v in fastpath._entries.items() if k[0] == "conv2d" and k[2] == x.shape]
     assert len(hits) == 1 and hits[0][0] is portconv.plan(x, w, b, padding=1, backend="aten")
 
 
@@ -210,7 +234,7 @@ def _torch_error(fn) -> str:
 def test_bad_input_raises_pytorchs_error_after_a_cached_call(fresh, monkeypatch, bad):
     x, w, b = torch.randn(2, 4, 8, 8), torch.randn(6, 4, 3, 3), torch.randn(6)
     portconv.conv2d(x, w, b, padding=1, backend="aten")
-    ran = _count(monkeypatch, AtenBackend)
+    ran = _count(monkeypatch, AtenRunner)
     bx, bw, bb, kw = bad(x, w, b)
     kw = {"padding": 1, **kw}
     want = _torch_error(lambda: F.conv2d(bx, bw, bb, **kw))
@@ -222,36 +246,37 @@ def test_bad_input_raises_pytorchs_error_after_a_cached_call(fresh, monkeypatch,
 def test_arguments_equal_in_value_but_not_in_type_do_not_share_an_entry(fresh):
     x, w = torch.randn(2, 4, 8, 8), torch.randn(4, 4, 3, 3)
     args = (1, 1, 1, 1, 0)
-    assert functional._fast_key("conv2d", x, w, None, args, "aten") != functional._fast_key(
+    assert fastpath.key("conv2d", x, w, None, args, "aten") != fastpath.key(
         "conv2d", x, w, None, (True, 1, 1, 1, 0), "aten")
-    assert functional._fast_key("conv2d", x, w, None, (1.0, 1, 1, 1, 0), "aten") is None
-    assert functional._fast_key("conv2d", x, w, None, ([1, 1], 1, 1, 1, 0), "aten") is not None
-    assert functional._fast_key("conv2d", x.to_sparse(), w, None, args, "aten") is None
-    assert functional._fast_key("conv2d", x, w, None, args, "aten") != functional._fast_key(
+    assert fastpath.key("conv2d", x, w, None, (1.0, 1, 1, 1, 0), "aten") is None
+    assert fastpath.key("conv2d", x, w, None, ([1, 1], 1, 1, 1, 0), "aten") is not None
+    assert fastpath.key("conv2d", x.to_sparse(), w, None, args, "aten") is None
+    assert fastpath.key("conv2d", x, w, None, args, "aten") != fastpath.key(
         "conv2d", x.contiguous(memory_format=torch.channels_last), w, None, args, "aten")
 
 
 def test_cache_follows_knobs_use_backend_and_torch_flags(fresh, monkeypatch, requested_backends):
-    x, w = torch.randn(2, 4, 8, 8), torch.randn(4, 4, 3, 3)
-    aten = _count(monkeypatch, AtenBackend)
-    monkeypatch.setenv("PORTCONV_DISABLE", "opencl")
-    portconv.conv2d(x, w, padding=1)
+    x, w = torch.randn(1, 4, 4, 6, 6), torch.randn(4, 1, 3, 3, 3)  # depthwise 3x3x3: the CPU default is opencl
+    kw = dict(padding=1, groups=4)
+    aten = _count(monkeypatch, AtenRunner)
+    fresh("PORTCONV_DISABLE", "opencl")
+    portconv.conv3d(x, w, **kw)
     assert len(aten) == 1
     with use_backend("aten"):
-        portconv.conv2d(x, w, padding=1)
+        portconv.conv3d(x, w, **kw)
     assert len(aten) == 2
     if "opencl" in requested_backends:
         from conftest import require_backend
 
         require_backend("opencl")  # requested: absent fails here, with the reason
-        monkeypatch.delenv("PORTCONV_DISABLE")
-        portconv.conv2d(x, w, padding=1)  # opencl again
+        fresh("PORTCONV_DISABLE", None)
+        portconv.conv3d(x, w, **kw)  # opencl again
         assert len(aten) == 2
         with use_backend("aten"):
-            portconv.conv2d(x, w, padding=1)
+            portconv.conv3d(x, w, **kw)
         assert len(aten) == 3
-        monkeypatch.setenv("PORTCONV_BACKEND", "aten")
-        portconv.conv2d(x, w, padding=1)
+        fresh("PORTCONV_BACKEND", "aten")
+        portconv.conv3d(x, w, **kw)
         assert len(aten) == 4
     big = torch.randn(16, 8, 16, 16), torch.randn(8, 8, 5, 5)
     assert portconv.plan(*big, padding=2, backend="aten").algorithm == "aten:Mkldnn"
@@ -279,28 +304,59 @@ def test_empty_batches_use_the_cache_and_stay_empty(fresh):
     for _ in range(2):
         y = portconv.conv2d(x, w, padding=1, backend="aten")
         assert y.shape == F.conv2d(x, w, padding=1).shape
-    assert any(k[0] == "conv2d" and v[0] is None for k, v in functional._fast.items())
+    assert any(k[0] == "conv2d" and v[0] is None for k, v in fastpath._entries.items())
 
 
 def test_clear_cache_clears_the_fast_path(fresh):
     portconv.conv2d(torch.randn(1, 2, 5, 5), torch.randn(2, 2, 3, 3), backend="aten")
-    assert functional._fast
+    assert fastpath._entries
     clear_cache()
-    assert not functional._fast
+    assert not fastpath._entries
 
 
-@pytest.mark.parametrize("knob", ["PORTCONV_CUDA_IGEMM_TC_TILE", "PORTCONV_CUDA_IGEMM_TC_V4",
-                                  "PORTCONV_CUDA_IGEMM_TC_V5", "PORTCONV_CUDA_IGEMM_TC_V6", "PORTCONV_CUDA_IGEMM_TC_KS",
-                                  "PORTCONV_CUDA_IGEMM_TC_V8", "PORTCONV_CUDA_IGEMM_NARROW",
-                                  "PORTCONV_CUDA_DEPTHWISE",
-                                  "PORTCONV_CUDA_DEPTHWISE_TILE", "PORTCONV_CUDA_DEPTHWISE_PLANES"])
-def test_kernel_variant_knobs_make_a_new_plan(fresh, monkeypatch, knob):
-    """The cuda backend reads its kernel-variant knobs when a plan's launches are first recorded (Note [replayed
-    launches]); they are in the plan cache's key, so a change mid-process gets a new plan (a tile sweep that reused
-    one plan timed the first variant under every name)."""
+def test_options_and_reloaded_knobs_make_a_new_plan(fresh):
+    """Options (portconv.options) and the Env (after knobs.reload) are in the plan cache's key: a change mid-process
+    gets a new plan, never one made under other settings."""
     x, w = torch.randn(2, 4, 8, 8), torch.randn(4, 4, 3, 3)
-    monkeypatch.delenv(knob, raising=False)
     first = portconv.plan(x, w, padding=1, backend="aten")
     assert portconv.plan(x, w, padding=1, backend="aten") is first
-    monkeypatch.setenv(knob, "1")
+    with portconv.options(igemm_tile="128x64") as opts:
+        other = portconv.plan(x, w, padding=1, backend="aten")
+        assert other is not first and other.options == opts and "igemm_tile=128x64" in other.explain()
+    assert portconv.plan(x, w, padding=1, backend="aten") is first
+    fresh("PORTCONV_OPENCL_DENSE", "direct")  # reload(): a new Env, and the caches it decided are dropped
     assert portconv.plan(x, w, padding=1, backend="aten") is not first
+
+
+def test_plan_cache_is_bounded_lru(fresh, monkeypatch):
+    from portconv import planner as plan_mod
+
+    monkeypatch.setattr(plan_mod, "CACHE_SIZE", 3)
+    w = torch.randn(2, 2, 3)
+    plans = [portconv.plan(torch.randn(1, 2, n), w, backend="aten") for n in (5, 6, 7)]
+    assert portconv.plan(torch.randn(1, 2, 5), w, backend="aten") is plans[0]  # 5 is now the most recent
+    portconv.plan(torch.randn(1, 2, 8), w, backend="aten")  # evicts 6, the least recently used
+    assert len(plan_mod._cache) == 3
+    assert portconv.plan(torch.randn(1, 2, 5), w, backend="aten") is plans[0]
+    assert portconv.plan(torch.randn(1, 2, 6), w, backend="aten") is not plans[1]
+
+
+def test_knobs_are_typed_and_read_once(fresh):
+    with pytest.raises(ValueError, match="PORTCONV_OPENCL_TC='sometimes': expected one of off, ptx, portable"):
+        fresh("PORTCONV_OPENCL_TC", "sometimes")
+    fresh("PORTCONV_OPENCL_TC", None)
+    fresh("PORTCONV_POISON", "1")
+    assert knobs.env().poison is True
+    with knobs.with_env(poison=False):
+        assert knobs.env().poison is False
+    with pytest.raises(ValueError, match="igemm_tile='9x9'"):
+        knobs.Options(igemm_tile="9x9")
+    assert knobs.Options().describe() == "" and knobs.Options(index64=True).describe() == "index64=True"
+
+
+def test_explain_lines_fit_120_columns(fresh):
+    x, w = torch.randn(2, 4, 8, 8), torch.randn(4, 4, 3, 3)
+    text = portconv.plan(x, w, padding=1, backend="aten").explain()
+    assert all(len(line) <= 120 for line in text.splitlines()), text
+    assert "grad_weight" in text and "aten.convolution_backward" in text
+    assert "versions" not in portconv.plan(x, w, padding=1, backend="aten").explain(device=False)

@@ -8,9 +8,9 @@ import sys
 import pytest
 
 from portconv import rules
-from portconv.backends import Problem
 from portconv.errors import ConvError
 from portconv.params import ConvParams
+from portconv.problem import Problem
 from portconv.rules import TorchContext, miopen_nhwc_default
 from portconv.tensors import TensorSpec, dense_strides
 
@@ -338,3 +338,28 @@ def test_miopen_version_is_read_as_atens():
     compiled = NS(_C=NS(_cudnn=NS(getCompileVersion=lambda: (3, 5, 0))))
     runtime = NS(_C=NS(), backends=NS(cudnn=NS(version=lambda: 3_004_001)))  # ROCm's Python-side encoding
     assert (_miopen_version(compiled), _miopen_version(runtime)) == (30500, 30401)
+
+
+def test_own_kernels_result_format_follows_each_vendors_rule():
+    """Note [own kernels' result layout]: cuDNN's rule on NVIDIA, MIOpen's (NHWC default and env) on AMD, ATen's CPU
+    route on the CPU; float64 is never channels-last for cuDNN or MIOpen."""
+    from portconv.problem import Problem
+
+    def prob(fmt, dtype="float32", device="cuda"):
+        x = TensorSpec((2, 8, 9, 9), dense_strides((2, 8, 9, 9), fmt), dtype, device, 0)
+        w = TensorSpec((8, 8, 3, 3), dense_strides((8, 8, 3, 3)), dtype, device, 0)
+        return Problem(ConvParams.make(2, padding=1, weight_shape=w.shape), x, w, False)
+
+    assert rules.result_format(prob(CL), "cudnn", H100)[0] == CL
+    assert rules.result_format(prob(C), "cudnn", H100)[0] == C
+    assert rules.result_format(prob(CL, "float64"), "cudnn", H100)[0] == C
+    off, on = GFX942.replace(miopen_nhwc_default=False), GFX942.replace(miopen_nhwc_default=True)
+    assert rules.result_format(prob(CL), "miopen", off)[0] == C  # a forced hip on ROCm follows MIOpen, not cuDNN
+    assert rules.result_format(prob(CL), "miopen", on)[0] == CL
+    assert rules.result_format(prob(CL), "miopen", on.replace(miopen_suggest_nhwc="0"))[0] == C
+    assert rules.result_format(prob(CL), "miopen", off.replace(miopen_suggest_nhwc="1"))[0] == CL
+    cpu = prob(CL, device="cpu")
+    fmt, why = rules.result_format(cpu, "cpu", X86)
+    assert fmt == rules.aten_answer(cpu, X86)[1] and "ATen's CPU route" in why
+    with pytest.raises(ValueError, match="unknown result-layout rule"):
+        rules.result_format(cpu, "nvidia", X86)

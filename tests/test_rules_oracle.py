@@ -317,7 +317,7 @@ def test_aten_answer_predicts_the_layout_convolution_computes_in(rank):
     """Run the real CPU convolution (explicit padding and padding='same') and check its output is dense in the
     memory format aten_answer names; this covers what the selection oracle cannot see: the 1-d -> 2-d view
     (contiguous() then unsqueeze) and convolution_same's padded copy."""
-    from portconv.backends import Problem
+    from portconv.problem import Problem
 
     with _flags((("threads", 1),)):  # one thread: the runs below are cheap and the machine may be busy
         _check_layouts(rank, Problem)
@@ -363,14 +363,15 @@ def _check_layouts(rank, Problem):
 @pytest.mark.parametrize("mkldnn", [True, False])
 def test_aten_backend_choice_names_atens_backend(mkldnn):
     from portconv import backends
-    from portconv.backends import Problem
     from portconv.device import host_cpu
+    from portconv.knobs import Options
+    from portconv.problem import Problem
 
     x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
     w = torch.randn(4, 3, 3, 3)
     problem = Problem(ConvParams.make(2), spec_of(x), spec_of(w), False)
     with torch.backends.mkldnn.flags(enabled=mkldnn):
-        choice = backends.get("aten").choose(problem, host_cpu())
+        choice = backends.get("aten").choose(problem, host_cpu(), Options())
         t = torch._C._select_conv_backend(x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1, None)
     assert choice.algorithm == "aten:" + rules.CONV_BACKENDS[int(t)]
     assert choice.memory_format == FORMATS[torch._C._conv_determine_backend_memory_format(x, w, t)]

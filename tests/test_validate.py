@@ -10,6 +10,7 @@ import torch.nn.functional as F
 import portconv
 from portconv import backends, functional, validate
 from portconv.params import ConvParams
+from portconv.rules.context import CpuFacts
 from portconv.tensors import spec_of
 
 A = torch.ops.aten
@@ -362,7 +363,7 @@ def test_empty_with_pyopencl_arrays(no_backend):
     import numpy as np
     import pyopencl.array as cla
 
-    from portconv.backends import _cl_runtime as rt
+    from portconv.backends.opencl import runtime as rt
 
     dev = next(e[2] for e in rt.all_devices() if e[:2] == rt.default_index())
     q = cl.CommandQueue(cl.Context([dev]))
@@ -412,7 +413,7 @@ def test_mkldnn_choice_matches_select_conv_backend(threads):
             x, w, p = _random_cpu_case(rng)
             which = torch._C._select_conv_backend(x, w, None, list(p.stride), list(p.padding), list(p.dilation),
                                                   p.transposed, list(p.output_padding), p.groups, None)
-            ours = validate.use_mkldnn(x.shape, w.shape, str(x.dtype)[6:], p, validate.cpu_facts())
+            ours = validate.use_mkldnn(x.shape, w.shape, str(x.dtype)[6:], p, CpuFacts.from_torch())
             assert ours == (int(which) in MKLDNN), (which, tuple(x.shape), tuple(w.shape), p)
             seen.add((ours, p.transposed))
     finally:

@@ -4,11 +4,12 @@ from __future__ import annotations
 import dataclasses
 import enum
 import importlib
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 from ..device import Availability, DeviceInfo
-from ..params import ConvParams
-from ..tensors import TensorSpec
+from ..knobs import Options
+from ..problem import Problem
+from .program import KernelPlan
 
 
 class BackendId(str, enum.Enum):
@@ -31,32 +32,6 @@ class BackendId(str, enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True)
-class Problem:
-    """One convolution problem as the planner sees it: parameters plus tensor descriptions."""
-
-    params: ConvParams
-    input: TensorSpec  # batched (N, C, *spatial)
-    weight: TensorSpec
-    has_bias: bool
-
-    @property
-    def output_shape(self) -> tuple[int, ...]:
-        return self.params.output_shape(self.input.shape, self.weight.shape)
-
-    @property
-    def dtype(self) -> str:
-        return self.input.dtype
-
-    @property
-    def is_depthwise(self) -> bool:
-        return self.params.is_depthwise(self.input.shape, self.weight.shape)
-
-    def describe(self) -> str:
-        return (f"input {list(self.input.shape)} {self.input.dtype} {self.input.memory_format} on {self.input.device}, "
-                f"weight {list(self.weight.shape)}, bias={'yes' if self.has_bias else 'no'}, {self.params.describe()}")
-
-
-@dataclasses.dataclass(frozen=True)
 class Choice:
     """What a backend would do with a problem: its algorithm, the memory format it computes in, and why."""
 
@@ -66,8 +41,18 @@ class Choice:
     math: str = "ieee"  # 'ieee', 'tf32', 'fp32-accumulate' ... (the conformance tolerance reads it)
 
 
+class Runner(Protocol):
+    """A plan's calls: aten::convolution and aten::convolution_backward on its problem."""
+
+    def forward(self, input, weight, bias):
+        """The output, in the caller's tensor type."""
+
+    def backward(self, grad_output, input, weight, output_mask):
+        """(grad_input, grad_weight, grad_bias), None where the mask is False."""
+
+
 class Backend:
-    """A backend: probe, choose, forward, backward. Subclasses import their vendor modules lazily."""
+    """A backend: probe, device_for, choose, prepare. Subclasses import their vendor modules lazily."""
 
     id: ClassVar[BackendId]
     pip_hint: ClassVar[str] = ""
@@ -80,16 +65,15 @@ class Backend:
         """The device that would run ``problem``; raises Unsupported with the reason if none."""
         raise NotImplementedError
 
-    def choose(self, problem: Problem, device: DeviceInfo) -> Choice:
-        """The algorithm for ``problem`` on ``device``; raises Unsupported(reason) when it cannot run it."""
+    def choose(self, problem: Problem, device: DeviceInfo, options: Options) -> Choice:
+        """The kernel family for ``problem`` on ``device``, its result layout, math and one-line reason; raises
+        Unsupported(reason) when it cannot run it. Pure in its arguments and the torch flags of the plan's key."""
         raise NotImplementedError
 
-    def forward(self, plan, input, weight, bias):
-        """aten::convolution for the plan's problem; returns the output in the caller's tensor type."""
-        raise NotImplementedError
-
-    def backward(self, plan, grad_output, input, weight, output_mask):
-        """aten::convolution_backward; returns (grad_input, grad_weight, grad_bias), None where the mask is False."""
+    def prepare(self, problem: Problem, device: DeviceInfo, choice: Choice,
+                options: Options) -> tuple[tuple[KernelPlan, ...], Runner]:
+        """What the plan runs (a KernelPlan per result, for the layouts the problem implies) and the Runner that
+        runs its calls. Decides everything the calls need; the Runner only binds tensors and launches."""
         raise NotImplementedError
 
     def devices(self) -> list[DeviceInfo]:
@@ -99,8 +83,8 @@ class Backend:
 
 _REGISTRY = {
     BackendId.OPENCL: "portconv.backends.opencl:OpenCLBackend",
-    BackendId.CUDA: "portconv.backends.cuda:CudaBackend",
-    BackendId.HIP: "portconv.backends.hip:HipBackend",
+    BackendId.CUDA: "portconv.backends.simt.cuda:CudaBackend",
+    BackendId.HIP: "portconv.backends.simt.hip:HipBackend",
     BackendId.CUDNN: "portconv.backends.cudnn:CudnnBackend",
     BackendId.MIOPEN: "portconv.backends.miopen:MiopenBackend",
     BackendId.ATEN: "portconv.backends.aten:AtenBackend",

@@ -6,30 +6,35 @@ from ..device import Availability
 from ..errors import ConvError, Unsupported
 from ..rules import TorchContext, aten_answer
 from . import Backend, BackendId, Choice
+from .torchlib import library_kernels, pad_extra, unpad
 
 
-def _pad_extra(x, params):
-    """Apply padding='same''s extra high-side padding to the input, as torch.nn.functional does."""
-    import torch.nn.functional as F
+class AtenRunner:
+    """torch.convolution and aten.convolution_backward with positional arguments: the quickest Python bindings
+    (torch.ops.aten.convolution costs ~10 us more a call; the backward overload with keywords ~4 us more)."""
 
-    pads = []
-    for e in reversed(params.padding_extra):
-        pads += [0, e]
-    return F.pad(x, pads)
+    def __init__(self, problem):
+        import torch
 
+        p, self.input_shape = problem.params, problem.input.shape
+        self.params, self.padded = p, any(p.padding_extra)
+        self.args = (list(p.stride), list(p.padding), list(p.dilation), p.transposed, list(p.output_padding),
+                     p.groups)
+        self.conv, self.conv_backward = torch.convolution, torch.ops.aten.convolution_backward.default
+        self.bias_sizes = [problem.bias_size]
 
-def _call_args(plan) -> tuple:
-    """(pad_extra?, torch.convolution, (stride, padding, dilation, transposed, output_padding, groups),
-    aten.convolution_backward.default, bias_sizes), memoized on the plan: the hot path makes one positional call to
-    the C binding (torch.ops.aten.convolution costs ~10 us more; the backward overload with keywords ~4 us more)."""
-    import torch
+    def forward(self, input, weight, bias):
+        if self.padded:
+            input = pad_extra(input, self.params)
+        return self.conv(input, weight, bias, *self.args)
 
-    p, w = plan.problem.params, plan.problem.weight.shape
-    conv = (list(p.stride), list(p.padding), list(p.dilation), p.transposed, list(p.output_padding), p.groups)
-    args = (any(p.padding_extra), torch.convolution, conv, torch.ops.aten.convolution_backward.default,
-            [w[1] * p.groups if p.transposed else w[0]])
-    plan.state["aten_args"] = args
-    return args
+    def backward(self, grad_output, input, weight, output_mask):
+        x = pad_extra(input, self.params) if self.padded else input
+        gi, gw, gb = self.conv_backward(grad_output, x, weight, self.bias_sizes, *self.args, list(output_mask))
+        if gi is not None and self.padded:
+            gi = unpad(gi, input.shape)
+        # ATen computes some gradients together (oneDNN returns grad_weight with grad_bias): honour the mask anyway
+        return (gi if output_mask[0] else None, gw if output_mask[1] else None, gb if output_mask[2] else None)
 
 
 class AtenBackend(Backend):
@@ -45,10 +50,10 @@ class AtenBackend(Backend):
         if spec.device_type == "cpu":
             return _device.host_cpu()
         if spec.device_type == "cuda":
-            return _device.from_torch_cuda(spec.device_index or 0)
+            return _device.torch_cuda(spec.device_index or 0)
         raise Unsupported(f"tensors on {spec.device} are not handled by portconv's aten backend")
 
-    def choose(self, problem, device):
+    def choose(self, problem, device, options):
         ctx = TorchContext.from_torch(problem.input.device)
         try:
             name, fmt = aten_answer(problem, ctx)
@@ -56,20 +61,12 @@ class AtenBackend(Backend):
             raise Unsupported(f"ATen refuses this convolution: {e}") from None
         tf32 = (device.vendor == "nvidia" and problem.dtype == "float32" and ctx.allow_tf32
                 and name in ("Cudnn", "CudnnTranspose"))
-        return Choice(f"aten:{name}", fmt, f"PyTorch's native convolution (reference path); ATen runs it as {name}",
+        return Choice(f"aten:{name}", fmt, f"PyTorch's own convolution: ATen runs it as {name}",
                       math="tf32" if tf32 else "ieee")
 
-    def forward(self, plan, input, weight, bias):
-        args = plan.state.get("aten_args") or _call_args(plan)
-        if args[0]:
-            input = _pad_extra(input, plan.problem.params)
-        return args[1](input, weight, bias, *args[2])
-
-    def backward(self, plan, grad_output, input, weight, output_mask):
-        args = plan.state.get("aten_args") or _call_args(plan)
-        x = _pad_extra(input, plan.problem.params) if args[0] else input
-        gi, gw, gb = args[3](grad_output, x, weight, args[4], *args[2], list(output_mask))
-        if gi is not None and args[0]:
-            gi = gi[(slice(None), slice(None)) + tuple(slice(0, s) for s in input.shape[2:])]
-        # ATen computes some gradients together (oneDNN returns grad_weight with grad_bias): honour the mask anyway
-        return (gi if output_mask[0] else None, gw if output_mask[1] else None, gb if output_mask[2] else None)
+    def prepare(self, problem, device, choice, options):
+        ctx = TorchContext.from_torch(problem.input.device)
+        bwd = aten_answer(problem, ctx, need_backward=True)[0]
+        kernels = library_kernels(f"torch.convolution (ATen: {choice.algorithm.removeprefix('aten:')})",
+                                  f"aten.convolution_backward (ATen: {bwd})", problem.has_bias)
+        return kernels, AtenRunner(problem)

@@ -3,35 +3,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..device import Availability, DeviceInfo
+from ..device import Availability, DeviceInfo, torch_cuda
 from ..errors import Unsupported
+from ..problem import Problem
 from ..tensors import TensorSpec, dense_strides
-from . import Backend, BackendId, Choice, Problem
+from . import Backend, BackendId, Choice
+from .torchlib import library_kernels, pad_extra, unpad
 
 CUDNN_DTYPES = ("float32", "float64", "float16", "bfloat16")
 _CUDNN_BACKENDS = ("Cudnn", "CudnnTranspose")
-
-
-def cudnn_conv_tf32(torch) -> tuple[bool, str]:
-    """Whether cuDNN convolutions may use TF32 for float32, and the setting that says so.
-
-    Note [TF32 policy]: torch >= 2.9 keeps a per-operator precision, torch.backends.cudnn.conv.fp32_precision
-    ('tf32' by default), that inherits when 'none' from torch.backends.cudnn.fp32_precision and then from
-    torch.backends.fp32_precision; 'none' all the way up means IEEE float32 (the legacy setter
-    ``torch.backends.cudnn.allow_tf32 = False`` leaves exactly that). The legacy getter raises once the conv and
-    RNN flags differ, so it is read only on older torch.
-    """
-    conv = getattr(getattr(torch.backends.cudnn, "conv", None), "fp32_precision", None)
-    if conv is None:
-        allowed = bool(torch.backends.cudnn.allow_tf32)
-        return allowed, f"torch.backends.cudnn.allow_tf32 = {allowed}"
-    chain = (("torch.backends.cudnn.conv.fp32_precision", conv),
-             ("torch.backends.cudnn.fp32_precision", getattr(torch.backends.cudnn, "fp32_precision", "none")),
-             ("torch.backends.fp32_precision", getattr(torch.backends, "fp32_precision", "none")))
-    for name, value in chain:
-        if value in ("tf32", "ieee"):
-            return value == "tf32", f"{name} = '{value}'"
-    return False, "every fp32_precision from cudnn.conv up is 'none' (IEEE float32)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,12 +98,75 @@ def choose_for(problem: Problem, ctx, tf32: bool, tf32_setting: str) -> tuple[Ch
     return Choice(op, fmt, f"cuDNN {ctx.cudnn_version} via aten.{op}; {route.why}; {how}", math), route
 
 
+class CudnnRunner:
+    """aten.cudnn_convolution(_transpose) forward, and aten.convolution_backward on the gradients' route."""
+
+    def __init__(self, problem: Problem, route: _Route, tf32: bool):
+        import torch
+
+        self.torch, self.route = torch, route
+        p = problem.params
+        self.params, self.input_shape = p, problem.input.shape
+        self.one_d = p.rank == 1
+        q = p.as_2d(with_extra=False) if self.one_d else p
+        self.view_params = q
+        self.reshape = self.one_d or any(p.padding_extra)  # padding='same' extra padding or the 1-d view per call
+        self.transposed, self.groups, self.tf32 = q.transposed, q.groups, tf32
+        self.padding, self.output_padding = list(q.padding), list(q.output_padding)
+        self.stride, self.dilation = list(q.stride), list(q.dilation)
+        self.bias_shape = (1, -1) + (1,) * q.rank
+        self.formats: dict[tuple, object] = {}  # (input strides, weight strides) -> cuDNN's layout for them
+
+    def _prepare(self, tensors):
+        x, *rest = tensors
+        if any(self.params.padding_extra):
+            x = pad_extra(x, self.params)
+        out = [x, *rest]
+        if self.one_d:  # ATen's view1d_as_2d
+            out = [None if t is None else t.contiguous().unsqueeze(2) for t in out]
+        return out
+
+    def forward(self, input, weight, bias):
+        torch = self.torch
+        x, w = self._prepare((input, weight)) if self.reshape else (input, weight)
+        key = (x.stride(), w.stride())
+        fmt = self.formats.get(key)
+        if fmt is None:
+            fmt = self.formats[key] = _torch_format(torch, x, w)
+        x, w = x.contiguous(memory_format=fmt), w.contiguous(memory_format=fmt)
+        c = torch._C
+        bench, det = c._get_cudnn_benchmark(), c._get_cudnn_deterministic() or c._get_deterministic_algorithms()
+        if self.transposed:
+            out = torch.cudnn_convolution_transpose(x, w, self.padding, self.output_padding, self.stride,
+                                                    self.dilation, self.groups, bench, det, self.tf32)
+        else:
+            out = torch.cudnn_convolution(x, w, self.padding, self.stride, self.dilation, self.groups, bench, det,
+                                          self.tf32)
+        if bias is not None:  # as ATen's _convolution does after the cuDNN call
+            out.add_(bias.reshape(self.bias_shape))
+        return out.squeeze(2) if self.one_d else out
+
+    def backward(self, grad_output, input, weight, output_mask):
+        torch = self.torch
+        x, w, go = self._prepare((input, weight, grad_output))
+        if self.route.grads == "channels_last":
+            fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
+            x, w, go = (t.contiguous(memory_format=fmt) for t in (x, w, go))
+        a = self.view_params.as_aten()
+        gi, gw, gb = torch.ops.aten.convolution_backward.default(
+            go, x, w, [go.shape[1]], a["stride"], a["padding"], a["dilation"], a["transposed"], a["output_padding"],
+            a["groups"], list(output_mask))
+        if self.one_d:
+            gi = None if gi is None else gi.squeeze(2)
+            gw = None if gw is None else gw.squeeze(2)
+        if gi is not None and any(self.params.padding_extra):
+            gi = unpad(gi, input.shape)
+        return gi, gw, gb
+
+
 class CudnnBackend(Backend):
     id = BackendId.CUDNN
     pip_hint = "pip install torch (a CUDA build: https://pytorch.org/get-started/locally/)"
-
-    def __init__(self):
-        self._routes: dict[Problem, _Route] = {}
 
     def probe(self) -> Availability:
         import torch
@@ -145,119 +188,33 @@ class CudnnBackend(Backend):
         if spec.kind != "torch" or spec.device_type != "cuda":
             raise Unsupported(f"cuDNN is reached through PyTorch: it takes torch CUDA tensors, not {spec.kind} data "
                               f"on {spec.device}")
-        from . import _cupy
+        return torch_cuda(spec.device_index or 0)
 
-        return _cupy.device_info("torch", spec.device_index or 0)
-
-    def choose(self, problem: Problem, device: DeviceInfo) -> Choice:
+    def choose(self, problem: Problem, device: DeviceInfo, options) -> Choice:
         import torch
 
-        from ..rules import TorchContext
+        from ..rules import TorchContext, conv_tf32
 
-        ctx = TorchContext.from_torch(problem.input.device)
-        choice, route = choose_for(problem, ctx, *cudnn_conv_tf32(torch))
-        self._routes[problem] = route
-        return choice
+        return choose_for(problem, TorchContext.from_torch(problem.input.device), *conv_tf32(torch))[0]
+
+    def prepare(self, problem: Problem, device: DeviceInfo, choice: Choice, options):
+        import torch
+
+        from ..rules import TorchContext, conv_tf32
+
+        _, route = choose_for(problem, TorchContext.from_torch(problem.input.device), *conv_tf32(torch))
+        op = "cudnn_convolution_transpose" if problem.params.transposed else "cudnn_convolution"
+        grads = ("aten.convolution_backward on channels-last copies (cuDNN)" if route.grads == "channels_last"
+                 else "aten.convolution_backward (cuDNN)")
+        return library_kernels(f"aten.{op}", grads, problem.has_bias), CudnnRunner(problem, route,
+                                                                                  choice.math == "tf32")
 
     def devices(self) -> list[DeviceInfo]:
         import torch
 
         if not self.probe():
             return []
-        from . import _cupy
-
-        return [_cupy.device_info("torch", i) for i in range(torch.cuda.device_count())]
-
-    # --- execution --------------------------------------------------------------------------------------------
-    @staticmethod
-    def _prepare(plan, tensors, one_d: bool):
-        from .aten import _pad_extra
-
-        p = plan.problem.params
-        x, *rest = tensors
-        if any(p.padding_extra):
-            x = _pad_extra(x, p)
-        out = [x, *rest]
-        if one_d:  # ATen's view1d_as_2d
-            out = [None if t is None else t.contiguous().unsqueeze(2) for t in out]
-            p = p.as_2d(with_extra=False)
-        return out, p
-
-    def forward(self, plan, input, weight, bias):
-        import torch
-
-        st = plan.state.get("cudnn")
-        if st is None:
-            st = plan.state["cudnn"] = _CallArgs.of(plan)
-        (x, w), p = self._prepare(plan, (input, weight), st.one_d) if st.reshape else ((input, weight), None)
-        key = (x.stride(), w.stride())
-        fmt = st.formats.get(key)
-        if fmt is None:
-            fmt = st.formats[key] = _torch_format(torch, x, w)
-        x, w = x.contiguous(memory_format=fmt), w.contiguous(memory_format=fmt)
-        c = torch._C
-        bench, det = c._get_cudnn_benchmark(), c._get_cudnn_deterministic() or c._get_deterministic_algorithms()
-        if st.transposed:
-            out = torch.cudnn_convolution_transpose(x, w, st.padding, st.output_padding, st.stride, st.dilation,
-                                                    st.groups, bench, det, st.tf32)
-        else:
-            out = torch.cudnn_convolution(x, w, st.padding, st.stride, st.dilation, st.groups, bench, det, st.tf32)
-        if bias is not None:  # as ATen's _convolution does after the cuDNN call
-            out.add_(bias.reshape(st.bias_shape))
-        return out.squeeze(2) if st.one_d else out
-
-    def backward(self, plan, grad_output, input, weight, output_mask):
-        import torch
-
-        pr = plan.problem
-        route = self._routes.get(pr)
-        if route is None:
-            from ..rules import TorchContext
-
-            route = gradient_route(pr, TorchContext.from_torch(pr.input.device))
-            self._routes[pr] = route
-        one_d = pr.params.rank == 1
-        (x, w, go), p = self._prepare(plan, (input, weight, grad_output), one_d)
-        if route.grads == "channels_last":
-            fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
-            x, w, go = (t.contiguous(memory_format=fmt) for t in (x, w, go))
-        a = p.as_aten()
-        gi, gw, gb = torch.ops.aten.convolution_backward.default(
-            go, x, w, [go.shape[1]], a["stride"], a["padding"], a["dilation"], a["transposed"], a["output_padding"],
-            a["groups"], list(output_mask))
-        if one_d:
-            gi = None if gi is None else gi.squeeze(2)
-            gw = None if gw is None else gw.squeeze(2)
-        if gi is not None and any(pr.params.padding_extra):
-            gi = gi[(slice(None), slice(None)) + tuple(slice(0, s) for s in input.shape[2:])]
-        return gi, gw, gb
-
-
-@dataclasses.dataclass
-class _CallArgs:
-    """A plan's cuDNN call arguments, computed on its first call (Plan.state['cudnn'])."""
-
-    one_d: bool
-    reshape: bool  # padding='same' extra padding or a 1-d problem: _prepare runs per call
-    transposed: bool
-    padding: list
-    output_padding: list
-    stride: list
-    dilation: list
-    groups: int
-    tf32: bool  # the plan's math: decided (and explained) when the plan was made
-    bias_shape: tuple
-    formats: dict  # (input strides, weight strides) -> the memory format cuDNN gets
-
-    @classmethod
-    def of(cls, plan) -> _CallArgs:
-        p = plan.problem.params
-        one_d = p.rank == 1
-        if one_d:
-            p = p.as_2d(with_extra=False)
-        return cls(one_d, one_d or any(plan.problem.params.padding_extra), p.transposed, list(p.padding),
-                   list(p.output_padding), list(p.stride), list(p.dilation), p.groups, plan.math == "tf32",
-                   (1, -1) + (1,) * p.rank, {})
+        return [torch_cuda(i) for i in range(torch.cuda.device_count())]
 
 
 def _torch_format(torch, x, w):

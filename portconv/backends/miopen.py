@@ -6,14 +6,16 @@ import os
 
 from ..device import Availability, DeviceInfo
 from ..errors import Unsupported
-from . import Backend, BackendId, Choice, Problem
+from ..problem import Problem
+from . import Backend, BackendId, Choice
+from .torchlib import library_kernels, pad_extra, torch_format, unpad
 
 MIOPEN_DTYPES = ("float32", "float16", "bfloat16")
 _MIOPEN_BACKENDS = {"Miopen": "miopen_convolution", "MiopenDepthwise": "miopen_depthwise_convolution",
                     "MiopenTranspose": "miopen_convolution_transpose"}
 
 # Note [MIOpen knobs]: MIOpen reads these itself (PyTorch passes none of them through), so portconv only reports
-# them: `portconv devices` prints miopen_settings(), docs/hip.md explains them.
+# them: `portconv devices` prints miopen_settings(), docs/kernels/hip.md explains them.
 MIOPEN_ENV = {
     "MIOPEN_FIND_MODE": ("how MIOpen's Find picks a solution: NORMAL/1 (full benchmark), FAST/2 (find-db, else "
                          "immediate fallback), HYBRID/3, DYNAMIC_HYBRID/5 (MIOpen's default)"),
@@ -123,14 +125,18 @@ class MiopenBackend(Backend):
         if spec.kind != "torch" or spec.device_type != "cuda":
             raise Unsupported(f"MIOpen is reached through PyTorch: it takes torch tensors on a ROCm GPU, not "
                               f"{spec.kind} data on {spec.device}")
-        return _device.from_torch_cuda(spec.device_index or 0)
+        return _device.torch_cuda(spec.device_index or 0)
 
-    def choose(self, problem: Problem, device: DeviceInfo) -> Choice:
+    def choose(self, problem: Problem, device: DeviceInfo, options) -> Choice:
         from ..rules import TorchContext
 
         choice = choose_rules(problem, device, TorchContext.from_torch(problem.input.device))
-        mode = os.environ.get("MIOPEN_FIND_MODE", "unset: DYNAMIC_HYBRID")
+        mode = os.environ.get("MIOPEN_FIND_MODE", "unset: DYNAMIC_HYBRID")  # MIOpen's own knob, reported
         return dataclasses.replace(choice, reason=f"{choice.reason}; MIOPEN_FIND_MODE {mode}")
+
+    def prepare(self, problem: Problem, device: DeviceInfo, choice: Choice, options):
+        kernels = library_kernels(f"aten.{choice.algorithm}", "aten.convolution_backward (MIOpen)", problem.has_bias)
+        return kernels, MiopenRunner(problem, choice)
 
     def devices(self) -> list[DeviceInfo]:
         import torch
@@ -139,50 +145,48 @@ class MiopenBackend(Backend):
 
         if not self.probe():
             return []
-        return [_device.from_torch_cuda(i) for i in range(torch.cuda.device_count())]
+        return [_device.torch_cuda(i) for i in range(torch.cuda.device_count())]
 
-    # --- execution --------------------------------------------------------------------------------------------
-    def forward(self, plan, input, weight, bias):
+
+class MiopenRunner:
+    """aten.miopen_* forward and aten.convolution_backward, in the plan's memory format."""
+
+    def __init__(self, problem: Problem, choice: Choice):
         import torch
 
-        from .aten import _pad_extra
+        self.torch, self.problem, self.algorithm = torch, problem, choice.algorithm
+        self.fmt = torch_format(torch, choice.memory_format)
 
-        p = plan.problem.params
-        x = _pad_extra(input, p) if any(p.padding_extra) else input
+    def forward(self, input, weight, bias):
+        torch = self.torch
+        p = self.problem.params
+        x = pad_extra(input, p) if any(p.padding_extra) else input
         w = weight
         one_d = p.rank == 1
         if one_d:  # ATen's view1d_as_2d: contiguous input, both viewed as 2-d at dim 2
             x, w = x.contiguous().unsqueeze(2), w.unsqueeze(2)
             p = p.as_2d(with_extra=False)
-        fmt = _torch_format(torch, plan.memory_format)
-        x, w = x.contiguous(memory_format=fmt), w.contiguous(memory_format=fmt)
+        x, w = x.contiguous(memory_format=self.fmt), w.contiguous(memory_format=self.fmt)
         bench = bool(torch.backends.cudnn.benchmark)
         det = bool(torch.backends.cudnn.deterministic or torch.are_deterministic_algorithms_enabled())
-        op = _op(plan.algorithm)
-        if plan.algorithm == "miopen_convolution_transpose":
+        op = _op(self.algorithm)
+        if self.algorithm == "miopen_convolution_transpose":
             out = op(x, w, bias, list(p.padding), list(p.output_padding), list(p.stride), list(p.dilation), p.groups,
                      bench, det)
         else:
             out = op(x, w, bias, list(p.padding), list(p.stride), list(p.dilation), p.groups, bench, det)
         return out.squeeze(2) if one_d else out
 
-    def backward(self, plan, grad_output, input, weight, output_mask):
-        import torch
-
-        from .aten import _pad_extra
-
-        pr = plan.problem
-        p = pr.params
-        x = _pad_extra(input, p) if any(p.padding_extra) else input
+    def backward(self, grad_output, input, weight, output_mask):
+        p = self.problem.params
+        x = pad_extra(input, p) if any(p.padding_extra) else input
         w, go = weight, grad_output
         if p.rank > 1:
-            fmt = _torch_format(torch, plan.memory_format)
-            x, w, go = (t.contiguous(memory_format=fmt) for t in (x, w, go))
-        bias_sizes = [go.shape[1]]
-        gi, gw, gb = torch.ops.aten.convolution_backward(go, x, w, bias_sizes, **p.as_aten(),
-                                                         output_mask=list(output_mask))
+            x, w, go = (t.contiguous(memory_format=self.fmt) for t in (x, w, go))
+        gi, gw, gb = self.torch.ops.aten.convolution_backward(go, x, w, [go.shape[1]], **p.as_aten(),
+                                                              output_mask=list(output_mask))
         if gi is not None and any(p.padding_extra):
-            gi = gi[(slice(None), slice(None)) + tuple(slice(0, s) for s in input.shape[2:])]
+            gi = unpad(gi, input.shape)
         return gi, gw, gb
 
 
@@ -191,9 +195,3 @@ def _op(name: str):
     import torch
 
     return getattr(torch.ops.aten, name)
-
-
-def _torch_format(torch, fmt: str):
-    return {"channels_last": torch.channels_last, "channels_last_3d": torch.channels_last_3d}.get(
-        fmt, torch.contiguous_format)
-

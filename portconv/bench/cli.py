@@ -11,7 +11,7 @@ _OVERRIDES = ("dtype", "layout")  # problem flags that also apply to suite rows 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register `bench` on a subparsers object (portconv.cli's)."""
-    from ..cli import add_problem_flags
+    from ..driverflags import add_problem_flags
 
     p = subparsers.add_parser(
         "bench", help="time every backend and PyTorch over the benchmark suite (or one shape), with a roofline",
@@ -37,7 +37,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
             a.help = "torch device of PyTorch and the torch-tensor backends (default: cuda if present, else cpu)"
     g = p.add_argument_group("benchmark")
     g.add_argument("--suite", default=None, metavar="FILE",
-                   help="suite JSON (default: ../shared/bench/suite.json of the checkout, else the packaged copy)")
+                   help="suite JSON (default: the suite shipped as portconv/bench/suite.json)")
     g.add_argument("--rows", default=None, metavar="NAMES", help="comma-separated row names or globs (mbv2-*)")
     g.add_argument("--directions", default="all", help="fwd,bwd-data,bwd-weight or all (default all)")
     g.add_argument("--scale-batch", type=int, default=None, metavar="N", help="cap every row's batch at N")
@@ -66,6 +66,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="time nothing: merge bench.json files of one device (e.g. a suite split over several "
                         "commands) into one table/report (with --out)")
     g.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    from .models_cli import add_flags as add_model_flags
+
+    add_model_flags(p)
     p.set_defaults(func=main)
     return p
 
@@ -78,7 +81,7 @@ def _rows(a):
     if given:
         if a.suite or a.rows:
             raise ValueError(f"problem flags ({', '.join(given)}) time one shape; they do not mix with --suite/--rows")
-        from ..cli import case_from_args
+        from ..driverflags import case_from_args
 
         for k, v in defaults.items():
             if getattr(a, k) is None and k != "dtype":
@@ -105,6 +108,10 @@ def main(a) -> int:
 
     if a.merge:
         return _merge(a)
+    if a.models is not None:  # the model benchmark: portconv.bench.models_cli
+        from .models_cli import main as models_main
+
+        return models_main(a)
     try:
         rows, source = _rows(a)
         directions = parse_directions(a.directions)
@@ -212,6 +219,12 @@ def overhead_table(results: list[dict]) -> str:
         lines.append(f"  {r['backend']:<8} torch {r['torch']['per_call_us']:8.1f}  portconv "
                      f"{r['portconv']['per_call_us']:8.1f}  plan.forward {r['plan_forward']['per_call_us']:8.1f}  "
                      f"diff {r['portconv_minus_torch_us']:+8.1f} {'ok' if r['within_target'] else 'OVER'}{first}")
+        t = r.get("train")  # forward + backward through autograd (overhead.train_overhead)
+        if t:
+            lines.append(f"  {'':<8} fwd+bwd autograd: " + (
+                f"skipped: {t['skipped']}" if "skipped" in t else f"error: {t['error']}" if "error" in t else
+                f"torch {t['torch']['per_call_us']:8.1f}  portconv {t['portconv']['per_call_us']:8.1f}  "
+                f"diff {t['portconv_minus_torch_us']:+8.1f} {'ok' if t['within_target'] else 'OVER'}"))
     return "\n".join(lines)
 
 

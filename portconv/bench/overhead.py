@@ -8,6 +8,7 @@ import sys
 import tempfile
 import time
 
+from ..errors import Unsupported
 from .timing import Stats
 
 TARGET_US = 25.0  # issue 5 target 6: within 25 microseconds of F.conv2d's wall time on the GPU
@@ -32,7 +33,7 @@ def tiny_inputs(backend: str | None, device, shape=(1, 4, 8, 8), kernel: int = 3
     if backend == "opencl":
         import pyopencl.array as cla
 
-        from ..backends import _cl_runtime as rt
+        from ..backends.opencl import runtime as rt
 
         p, d = rt.default_index()
         dev = next(e[2] for e in rt.all_devices() if (e[0], e[1]) == (p, d))
@@ -67,13 +68,14 @@ def _per_call_us(fn, sync, calls: int, repeats: int) -> dict:
 
 
 def overhead(backend: str | None = None, device=None, calls: int = 200, repeats: int = 15, compile: bool = True,
-             shape=(1, 4, 8, 8), kernel: int = 3) -> dict:
+             shape=(1, 4, 8, 8), kernel: int = 3, train: bool = True) -> dict:
     """Per-call overhead of portconv on a cached plan for a tiny conv2d, against torch.nn.functional.conv2d.
 
     ``per_call_us``: back-to-back calls with one device sync at the end (the host cost that issue 5 target 6
     bounds); ``synced_call_us``: one call plus a sync. portconv is timed through ``portconv.conv2d`` (validation,
     plan-cache lookup, launch) and through ``Plan.forward`` directly. With ``compile`` the first call is also
-    timed in fresh processes: once with empty kernel caches (cold) and once with the caches it left (warm).
+    timed in fresh processes: once with empty kernel caches (cold) and once with the caches it left (warm). With
+    ``train``, ``out['train']`` is train_overhead(): the same conv's forward + backward through autograd.
     """
     import torch
     import torch.nn.functional as F
@@ -103,8 +105,55 @@ def overhead(backend: str | None = None, device=None, calls: int = 200, repeats:
     for k in ("portconv", "plan_forward"):
         out[f"{k}_minus_torch_us"] = out[k]["per_call_us"] - out["torch"]["per_call_us"]
     out["within_target"] = out["portconv_minus_torch_us"] <= TARGET_US
+    if train:  # a backend whose gradients fail keeps its forward numbers
+        try:
+            out["train"] = train_overhead(backend, tdev, calls, repeats, shape, kernel)
+        except (Unsupported, RuntimeError) as e:
+            out["train"] = {"error": f"{type(e).__name__}: {e}"}
     if compile:
         out["first_call"] = first_call_times(backend, str(tdev))
+    return out
+
+
+def train_overhead(backend: str | None, device, calls: int = 200, repeats: int = 15, shape=(1, 4, 8, 8),
+                   kernel: int = 3) -> dict:
+    """Forward + backward of the tiny conv2d through autograd (torch.autograd.grad of input and weight), portconv
+    against F.conv2d: a training step's host cost per convolution (issue 29 point 5: at most PyTorch's + 25 us).
+
+    Torch tensors on ``device`` (the opencl backend takes CPU ones); the same calls and syncs as ``per_call_us``.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    import portconv
+
+    from .settings import no_poison
+
+    tdev = _device(device)
+    if backend == "opencl" and tdev.type != "cpu":
+        return {"skipped": f"the opencl backend takes CPU torch tensors (or pyopencl arrays), not {tdev.type} ones"}
+    gen = torch.Generator().manual_seed(0)
+    n, c, h, w_ = shape
+    x = torch.empty(shape).uniform_(-1, 1, generator=gen).to(tdev).requires_grad_()
+    w = torch.empty(c, c, kernel, kernel).uniform_(-1, 1, generator=gen).to(tdev).requires_grad_()
+    pad = kernel // 2
+    g = torch.empty(n, c, h + 2 * pad - kernel + 1, w_ + 2 * pad - kernel + 1).uniform_(-1, 1, generator=gen).to(tdev)
+    sync = (lambda: torch.cuda.synchronize(tdev)) if tdev.type == "cuda" else (lambda: None)
+
+    def step(conv):
+        def call():
+            torch.autograd.grad(conv(x, w, padding=pad), (x, w), g)
+        return call
+
+    def ours(a, b, padding):
+        return portconv.conv2d(a, b, padding=padding, backend=backend)
+
+    with no_poison():
+        out = {"calls": "torch.autograd.grad(conv2d(x, w, padding), (x, w), grad_output)",
+               "data": f"torch tensors on {tdev}", "torch": _per_call_us(step(F.conv2d), sync, calls, repeats),
+               "portconv": _per_call_us(step(ours), sync, calls, repeats)}
+    out["portconv_minus_torch_us"] = out["portconv"]["per_call_us"] - out["torch"]["per_call_us"]
+    out["within_target"] = out["portconv_minus_torch_us"] <= TARGET_US
     return out
 
 
@@ -126,12 +175,12 @@ t0 = time.perf_counter(); p.backward(y, x, w, (True, True, False)); sync()
 t["second_backward_ms"] = (time.perf_counter() - t0) * 1e3
 t["plan_backend"] = str(p.backend)
 try:
-    from portconv.backends import _cupy
+    from portconv.backends.simt import compile as _cupy
     t["compile_events"] = [dict(entry=e.entry, how=e.how, seconds=e.seconds) for e in _cupy.compile_events()]
 except ImportError:
     pass
 if str(p.backend) == "opencl":
-    from portconv.backends import _cl_runtime
+    from portconv.backends.opencl import runtime as _cl_runtime
     t["opencl_programs_built"] = _cl_runtime.stats["programs_built"]
 print("BENCH-JSON " + json.dumps(t))
 """

@@ -196,7 +196,7 @@ def cpu_name() -> str:
 
 
 def peaks_path() -> pathlib.Path:
-    return pathlib.Path(knobs.cache_dir()) / "bench" / "peaks.json"
+    return pathlib.Path(knobs.env().cache_dir) / "bench" / "peaks.json"
 
 
 def peaks(device, keys, remeasure: bool = False, cache: pathlib.Path | None = None, log=None) -> dict:

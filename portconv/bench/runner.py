@@ -11,7 +11,7 @@ from .. import backends as _backends
 from .. import functional
 from ..backends import BackendId
 from ..errors import BackendUnavailable, ConvError, Unsupported
-from ..tune import tune
+from ..planner import tune
 from . import data, roofline, settings, timing
 from .report import summary
 from .suite import DIRECTIONS, MASKS, Row
@@ -143,8 +143,8 @@ class _Calls:
             mask, pick = MASKS[direction], 0 if direction == "bwd-data" else 1
             return lambda s: plan.backward(s.grad_output, s.input, s.weight, mask)[pick]
         # Note [PyTorch's fastest binding]: torch.convolution and the .default overload, positional, as the aten
-        # backend calls them; torch.ops.aten.convolution with keywords costs ~10 us more of host time a call, which
-        # showed as a 1.18x 'speed-up' of auto->aten over the same cuDNN kernels (h100-2026-11-24/auto-alternate/)
+        # backend calls them; torch.ops.aten.convolution with keywords costs ~10 us more of host time a call (H100),
+        # which would show as a 'speed-up' of any backend over the same cuDNN kernels
         pos = (a["stride"], a["padding"], a["dilation"], a["transposed"], a["output_padding"], a["groups"])
         if direction == "fwd":
             conv = torch.convolution
@@ -207,7 +207,7 @@ class _Run:
 
     def opencl(self):
         if self.cl is None:
-            from ..backends import _cl_runtime as rt
+            from ..backends.opencl import runtime as rt
 
             p, d = rt.default_index()  # raises Unsupported with the reason
             dev = next(e[2] for e in rt.all_devices() if (e[0], e[1]) == (p, d))

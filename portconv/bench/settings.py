@@ -42,12 +42,12 @@ def torch_flags() -> dict:
 
 
 def conv_tf32_default() -> tuple[bool, str]:
-    """Whether cuDNN convolutions use TF32 for float32 now (the cudnn backend's reading of torch's policy)."""
+    """Whether cuDNN convolutions use TF32 for float32 now (Note [TF32 policy])."""
     import torch
 
-    from ..backends.cudnn import cudnn_conv_tf32
+    from ..rules.precision import conv_tf32
 
-    return cudnn_conv_tf32(torch)
+    return conv_tf32(torch)
 
 
 @contextlib.contextmanager
@@ -88,13 +88,11 @@ def torch_variant(benchmark: bool | None = None, ieee: bool = False):
 
 @contextlib.contextmanager
 def no_poison():
-    """PORTCONV_POISON off inside the block (a NaN fill per call would be timed with the kernels)."""
-    old = os.environ.pop("PORTCONV_POISON", None)
-    try:
-        yield old
-    finally:
-        if old is not None:
-            os.environ["PORTCONV_POISON"] = old
+    """Poisoning off inside the block (a NaN fill per call would be timed with the kernels); yields whether it was
+    on."""
+    was = knobs.env().poison
+    with knobs.with_env(poison=False):
+        yield was
 
 
 def git_revision() -> str | None:
@@ -140,8 +138,6 @@ def environment() -> dict:
             vers["cudnn"] = f"error: {e}"
     return {"versions": vers, "git": git_revision(), "cpus": os.cpu_count(), "loadavg": loadavg(),
             "platform": platform.platform(), "argv": sys.argv,
-            # the documented knobs, and any other PORTCONV_* variable set (the kernel-variant knobs of before / after
-            # runs, PORTCONV_CUDA_IGEMM_*, PORTCONV_CUDA_DEPTHWISE*), so a report says which kernels it timed
-            "knobs": {**{k: os.environ.get(k) for k in knobs.KNOBS},
-                      **{k: v for k, v in sorted(os.environ.items()) if k.startswith("PORTCONV_")}},
+            # the knobs as set, and the options in force, so a report says which kernels it timed
+            "knobs": knobs.raw(), "options": knobs.options().describe(),
             "torch_flags": torch_flags()}

@@ -58,17 +58,6 @@ class Row:
         return self.case.cli_args(mask=False) + ["--dtype", self.dtype]  # Case adds --layout when not contig
 
 
-def repo_suite() -> pathlib.Path:
-    """../shared/bench/suite.json relative to the checkout root that holds this package."""
-    return pathlib.Path(__file__).resolve().parents[2].parent / "shared" / "bench" / "suite.json"
-
-
-def default_suite() -> pathlib.Path:
-    """The shared suite of a checkout when it exists, else the copy shipped inside the package."""
-    shared = repo_suite()
-    return shared if shared.is_file() else PACKAGED
-
-
 def _row(r: dict, where: str) -> Row:
     missing = [f for f in _FIELDS if f not in r]
     if missing:
@@ -93,8 +82,8 @@ def _row(r: dict, where: str) -> Row:
 
 
 def load_suite(path: str | pathlib.Path | None = None) -> tuple[list[Row], str]:
-    """(rows, the path read). ``path`` None: default_suite()."""
-    p = pathlib.Path(path) if path is not None else default_suite()
+    """(rows, the path read). ``path`` None: the suite shipped with the package (portconv/bench/suite.json)."""
+    p = pathlib.Path(path) if path is not None else PACKAGED
     try:
         data = json.loads(p.read_text())
     except FileNotFoundError:

@@ -250,14 +250,13 @@ def measure_interleaved(clock, members: Sequence[tuple[Callable, Callable | None
 
     Note [interleaved entries]: calls timed one after the other are compared across moments: clocks, power state
     and the host's other work drift between them, and identical calls (portconv's aten backend and PyTorch's own
-    call, the same cuDNN kernels) measured 0.66x-1.2x of each other in one process (h100-2026-11-23-auto/,
-    h100-2026-11-24/). Here each
-    member (call, context factory or None: entered around each of its turns, e.g. a torch setting) warms up in
-    turn, then takes ``turn_runs`` timed runs a turn, round after round, the order rotated by one each round, until
-    it has its runs; the buffer sets rotate over the whole sequence, so no turn starts on data the previous one left
-    in the cache. A turn opens with one untimed call: a turn starts after the previous one's synchronize, and the
-    lead-in gives the device work to do while the host enqueues the first timed call, as every later call of the turn
-    has. A member whose call raises is dropped from later turns and gets the exception in its place.
+    call, the same cuDNN kernels) measured 0.66x-1.2x of each other in one process on an H100. Here each member (call,
+    context factory or None: entered around each of its turns, e.g. a torch setting) warms up in turn, then takes
+    ``turn_runs`` timed runs a turn, round after round, the order rotated by one each round, until it has its runs; the
+    buffer sets rotate over the whole sequence, so no turn starts on data the previous one left in the cache. A turn
+    opens with one untimed call: a turn starts after the previous one's synchronize, and the lead-in gives the device
+    work to do while the host enqueues the first timed call, as every later call of the turn has. A member whose call
+    raises is dropped from later turns and gets the exception in its place.
     ``turn_runs`` None: all runs in one turn, no lead-in (measure()).
     """
     import contextlib

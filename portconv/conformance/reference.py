@@ -38,7 +38,7 @@ class Inputs:
 
 def _random(gen: torch.Generator, shape) -> torch.Tensor:
     """Uniform in [-1, 1) in float64 (rounded to the case dtype later); never zeros."""
-    return torch.rand(shape, generator=gen, dtype=torch.float64) * 2 - 1
+    return torch.rand(shape, generator=gen, dtype=torch.float64, device="cpu") * 2 - 1  # whatever the default device
 
 
 def _buffer(gen: torch.Generator | None, shape, dtype, device) -> torch.Tensor:
@@ -85,7 +85,7 @@ def make_inputs(case: Case, dtype: str, device: str | torch.device = "cpu", out_
     dt = torch_dtype(dtype)
 
     def data(shape):
-        return _random(gen, shape).to(dt) if fill else torch.empty(shape, dtype=dt)
+        return _random(gen, shape).to(dt) if fill else torch.empty(shape, dtype=dt, device="cpu")
 
     x = data(case.input_shape)
     w = data(case.weight_shape)

@@ -10,7 +10,7 @@ import platform
 import sys
 import time
 
-from ..knobs import KNOBS
+from ..knobs import raw
 from .tolerance import json_float
 
 TENSOR_NAMES = ("forward", "grad_input", "grad_weight", "grad_bias")
@@ -115,7 +115,7 @@ class Report:
                 self.devices.append(d)
 
     def record_knobs(self) -> None:
-        self.knobs = {k: os.environ.get(k) for k in KNOBS}
+        self.knobs = raw()
 
     def finish(self, duration_s: float) -> None:
         self.finished = _now()

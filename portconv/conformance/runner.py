@@ -4,14 +4,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import os
 import time
 import traceback
 from collections.abc import Sequence
 
 import torch
 
-from .. import functional
+from .. import functional, knobs
 from ..backends import BackendId
 from ..backends import get as get_backend
 from ..errors import BackendUnavailable, Unsupported
@@ -35,17 +34,12 @@ def default_device(backend: str | None) -> torch.device:
 
 @contextlib.contextmanager
 def poisoned(on: bool = True):
-    """PORTCONV_POISON=1 inside the block (backends NaN-fill outputs before their kernels run)."""
-    old = os.environ.get("PORTCONV_POISON")
-    if on:
-        os.environ["PORTCONV_POISON"] = "1"
-    try:
+    """Poisoning on inside the block (backends NaN-fill outputs before their kernels run); off leaves it as is."""
+    if not on:
         yield
-    finally:
-        if old is None:
-            os.environ.pop("PORTCONV_POISON", None)
-        else:
-            os.environ["PORTCONV_POISON"] = old
+        return
+    with knobs.with_env(poison=True):
+        yield
 
 
 @dataclasses.dataclass
@@ -198,6 +192,47 @@ def gradcheck_case(case: _cases.Case, backend: str, device: str | torch.device |
     return res
 
 
+def gradgradcheck_case(case: _cases.Case, backend: str, device: str | torch.device | None = None,
+                       poison: bool = True) -> CaseResult:
+    """The rest of PyTorch's autograd contract in float64 through portconv.convolution on ``backend``: gradcheck's
+    forward-AD and batched (vmap) checks, and gradgradcheck (reverse-over-reverse and forward-over-reverse, batched).
+    Reported as a gradcheck result of its own, '<case id>:2nd-order'."""
+    device = torch.device(device) if device is not None else default_device(backend)
+    named = dataclasses.replace(case, name=f"{case.id}:2nd-order")
+    inputs = make_inputs(case, "float64", device)
+    try:
+        plan_for(case, inputs, backend)
+    except (BackendUnavailable, Unsupported) as e:
+        return CaseResult(named, "float64", "unsupported", str(e).split("\n  problem:")[0], kind="gradcheck")
+    leaves = tuple(t.detach().requires_grad_() for t in (inputs.input, inputs.weight, inputs.bias) if t is not None)
+    args = case.conv_args()
+
+    def fn(*ts):
+        return functional.convolution(ts[0], ts[1], ts[2] if len(ts) > 2 else None, **args, backend=backend)
+
+    tol = dict(eps=1e-6, atol=1e-5, rtol=1e-3, raise_exception=True)
+    checks = {
+        "forward_ad": lambda: torch.autograd.gradcheck(fn, leaves, check_forward_ad=True, check_batched_grad=True,
+                                                       check_batched_forward_grad=True, **tol),
+        "gradgradcheck": lambda: torch.autograd.gradgradcheck(fn, leaves, check_fwd_over_rev=True,
+                                                              check_batched_grad=True, **tol),
+    }
+    res = CaseResult(named, "float64", "pass", kind="gradcheck")
+    t0 = time.perf_counter()
+    with poisoned(poison):
+        for name, check_fn in checks.items():
+            try:
+                check_fn()
+                res.tensors[name] = TensorCheck(name, "pass")
+            except Exception as e:  # noqa: BLE001 - GradcheckError or a backend error: the case fails with it
+                msg = _err(name, e)[:1500]
+                res.tensors[name] = TensorCheck(name, "fail", message=msg)
+                if res.status == "pass":
+                    res.status, res.reason = "fail", msg
+    res.time_s = time.perf_counter() - t0
+    return res
+
+
 def run(backend: str = "opencl", dtypes: Sequence[str] = DEFAULT_DTYPES, cases: Sequence[_cases.Case] | None = None,
         progress: bool = True, json_path: str | None = None, device: str | torch.device | None = None,
         gradcheck: bool = True, poison: bool = True) -> Report:
@@ -211,7 +246,7 @@ def run(backend: str = "opencl", dtypes: Sequence[str] = DEFAULT_DTYPES, cases: 
     grads = _cases.gradcheck_cases() if gradcheck else []
     report = Report(backend=str(bid), dtypes=list(dtypes), probe=avail.reason, tensor_device=str(device),
                     started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
-    bar = Progress(len(cases) * len(dtypes) + len(grads), enabled=progress, title=f"conform {bid}")
+    bar = Progress(len(cases) * len(dtypes) + 2 * len(grads), enabled=progress, title=f"conform {bid}")
     t0 = time.perf_counter()
     with poisoned(poison):
         report.record_knobs()
@@ -224,6 +259,9 @@ def run(backend: str = "opencl", dtypes: Sequence[str] = DEFAULT_DTYPES, cases: 
             r = gradcheck_case(case, str(bid), device, poison)
             report.add(r)
             bar.update(f"gradcheck {case.id}", failed=r.status == "fail")
+            r = gradgradcheck_case(case, str(bid), device, poison)
+            report.add(r)
+            bar.update(f"gradgradcheck {case.id}", failed=r.status == "fail")
     bar.close()
     report.finish(time.perf_counter() - t0)
     if json_path:

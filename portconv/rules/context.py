@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import platform
 import sys
+
+from .precision import conv_tf32
 
 # MI-series (CDNA) architectures that get NHWC by default under the arch-gated ROCm rule.
 MIOPEN_NHWC_DEFAULT_ARCHS = ("gfx90a", "gfx942", "gfx950")
@@ -41,6 +44,32 @@ def miopen_nhwc_default(rule: str, miopen_version: int | None, arch: str) -> boo
     if (miopen_version or 0) < 30500:
         return False
     return rule == "rocm-fork" or arch.split(":")[0] in MIOPEN_NHWC_DEFAULT_ARCHS
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuFacts:
+    """What ATen's oneDNN rule reads of the CPU build and flags (read cheaply: portconv.validate needs it per call)."""
+
+    available: bool = True  # AT_MKLDNN_ENABLED()
+    enabled: bool = True  # torch.backends.mkldnn.enabled
+    bf16: bool = False  # mkldnn_bf16_device_check()
+    fp16: bool = False  # mkldnn_fp16_device_check()
+    threads: int = 1  # at::get_num_threads()
+
+    @classmethod
+    def from_torch(cls) -> CpuFacts:
+        """Read from torch if the caller already imported it (the defaults otherwise)."""
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return cls()
+        bf16, fp16 = _mkldnn_lowp(torch)
+        return cls(bool(torch.backends.mkldnn.is_available()), bool(torch._C._get_mkldnn_enabled()), bf16, fp16,
+                   torch.get_num_threads())
+
+
+@functools.cache
+def _mkldnn_lowp(torch) -> tuple[bool, bool]:
+    return _mkldnn_check(torch, "_is_mkldnn_bf16_supported"), _mkldnn_check(torch, "_is_mkldnn_fp16_supported")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +129,11 @@ class TorchContext:
         return 0
 
     @property
+    def cpu_facts(self) -> CpuFacts:
+        return CpuFacts(self.mkldnn_available, self.mkldnn_enabled, self.mkldnn_bf16, self.mkldnn_fp16,
+                        self.num_threads)
+
+    @property
     def miopen_nhwc(self) -> bool:
         """check_env("PYTORCH_MIOPEN_SUGGEST_NHWC").value_or(default) of miopen_conv_suggest_memory_format."""
         v = check_env(self.miopen_suggest_nhwc)
@@ -136,14 +170,14 @@ class TorchContext:
             cudnn_depthwise_kernel=get_kernel() if get_kernel else "auto",
             deterministic=bool(torch.backends.cudnn.deterministic or torch.are_deterministic_algorithms_enabled()),
             benchmark=bool(torch.backends.cudnn.benchmark),
-            allow_tf32=_cudnn_conv_tf32(torch),
+            allow_tf32=conv_tf32(torch)[0],
             gpu_arch=arch,
             miopen_version=lib_version if hip else None,
             miopen_suggest_nhwc=os.environ.get("PYTORCH_MIOPEN_SUGGEST_NHWC"),
             mkldnn_available=bool(torch.backends.mkldnn.is_available()),
             mkldnn_enabled=bool(torch._C._get_mkldnn_enabled()),
-            mkldnn_bf16=_mkldnn_check(torch, "_is_mkldnn_bf16_supported"),
-            mkldnn_fp16=_mkldnn_check(torch, "_is_mkldnn_fp16_supported"),
+            mkldnn_bf16=_mkldnn_lowp(torch)[0],
+            mkldnn_fp16=_mkldnn_lowp(torch)[1],
             nnpack_available=bool(torch._nnpack_available()),
             nnpack_enabled=bool(torch._C._get_nnpack_enabled()),
             num_threads=torch.get_num_threads(),
@@ -172,20 +206,6 @@ def _miopen_version(torch) -> int | None:
     return major * 10000 + minor * 100 + patch
 
 
-def _cudnn_conv_tf32(torch) -> bool:
-    """cuDNN convolutions' TF32 permission without the legacy getter, which raises once conv and RNN differ:
-    torch.backends.cudnn.conv.fp32_precision, inheriting through 'none' to cudnn's and the global one;
-    'none' all the way up is IEEE (see portconv/backends/cudnn.py, Note [TF32 policy])."""
-    conv = getattr(getattr(torch.backends.cudnn, "conv", None), "fp32_precision", None)
-    if conv is None:
-        return bool(torch.backends.cudnn.allow_tf32)
-    for value in (conv, getattr(torch.backends.cudnn, "fp32_precision", "none"),
-                  getattr(torch.backends, "fp32_precision", "none")):
-        if value in ("tf32", "ieee"):
-            return value == "tf32"
-    return False
-
-
 def _mkldnn_check(torch, name: str) -> bool:
     fn = getattr(torch.ops.mkldnn, name, None)
     return bool(fn()) if fn is not None and torch.backends.mkldnn.is_available() else False
@@ -201,3 +221,20 @@ def _probe_miopen_nhwc_default(torch, ctx: TorchContext) -> bool:
     # Overridden (or no device to ask): infer the rule from the build, as AMD's wheels are versioned '+rocm..git..'.
     rule = "rocm-fork-mi" if ".git" in torch.__version__ else "upstream"
     return miopen_nhwc_default(rule, ctx.miopen_version, ctx.gpu_arch)
+
+
+def torch_flags(device_type: str) -> tuple:
+    """The torch flags that decide ATen's route (and portconv's checks) for tensors on ``device_type``, read in about
+    a microsecond (part of every plan's cache key: Note [plan cache]); () before torch is imported."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return ()
+    c = torch._C
+    if device_type == "cuda":
+        get = getattr(c, "_get_fp32_precision_getter", None)
+        tf32 = ((get("cuda", "conv"), get("cuda", "all"), get("generic", "all")) if get is not None
+                else c._get_cudnn_allow_tf32())
+        kernel = getattr(c, "_get_cudnn_depthwise_kernel", None)
+        return (c._get_cudnn_enabled(), c._get_cudnn_deterministic(), c._get_cudnn_benchmark(),
+                c._get_deterministic_algorithms(), tf32, kernel() if kernel is not None else "auto")
+    return c._get_mkldnn_enabled(), c._get_nnpack_enabled(), torch.get_num_threads()

@@ -8,7 +8,7 @@ from ..device import Availability
 from ..errors import ConvError
 from ..params import ConvParams
 from ..tensors import TensorSpec, is_contiguous
-from .context import TorchContext
+from .context import CpuFacts, TorchContext
 from .layout import (
     CONTIGUOUS,
     INT_MAX,
@@ -210,22 +210,28 @@ def _use_miopen(v: AtenView, ctx: TorchContext) -> Availability:
 
 
 def _use_mkldnn(v: AtenView, ctx: TorchContext) -> Availability:
-    if not ctx.mkldnn_available:
+    return mkldnn_takes(v.params, v.input.shape, v.weight.shape, v.input.dtype, v.input.device_type, ctx.cpu_facts,
+                        v.input_is_mkldnn)
+
+
+def mkldnn_takes(p: ConvParams, i, w, dtype: str, device_type: str, facts: CpuFacts,
+                 input_is_mkldnn: bool = False) -> Availability:
+    """ConvParams::use_mkldnn (the oneDNN rule) on the 1-d -> 2-d view's params and shapes: the one copy of it
+    (portconv.validate asks it too, to pick the error texts PyTorch's CPU kernels would raise)."""
+    if not facts.available:
         return _no("this PyTorch build has no oneDNN (mkldnn)")
-    if not ctx.mkldnn_enabled:
+    if not facts.enabled:
         return _no("torch.backends.mkldnn.enabled is False")
-    p, i, w = v.params, v.input.shape, v.weight.shape
     if p.transposed and is_output_padding_big(p):
         return _no("transposed with output_padding >= stride")
-    cpu = v.input.device_type == "cpu"
-    if cpu and ((v.input.dtype == "bfloat16" and ctx.mkldnn_bf16) or (v.input.dtype == "float16" and ctx.mkldnn_fp16)):
-        return _yes(f"oneDNN {v.input.dtype} on a CPU that supports it")
-    if v.input_is_mkldnn:
+    cpu = device_type == "cpu"
+    if cpu and ((dtype == "bfloat16" and facts.bf16) or (dtype == "float16" and facts.fp16)):
+        return _yes(f"oneDNN {dtype} on a CPU that supports it")
+    if input_is_mkldnn:
         return _yes("the input is an mkldnn tensor")
-    if not cpu or v.input.dtype != "float32":
-        return _no(f"oneDNN takes CPU float32 (and bf16/fp16 where the CPU has them), not {v.input.dtype} "
-                   f"on {v.input.device_type}")
-    if not (is_strided(p) or is_dilated(p) or i[0] >= 16 or w[-1] != 1 or w[-2] != 1 or ctx.num_threads > 1):
+    if not cpu or dtype != "float32":
+        return _no(f"oneDNN takes CPU float32 (and bf16/fp16 where the CPU has them), not {dtype} on {device_type}")
+    if not (is_strided(p) or is_dilated(p) or i[0] >= 16 or w[-1] != 1 or w[-2] != 1 or facts.threads > 1):
         return _no("1x1 single-threaded: THNN is faster")
     if not (p.groups > 1 or (w[-1] > 3 and w[-2] > 3) or i[0] > 1 or i[0] * i[1] * i[2] * i[3] > 20480):
         return _no("small single-sample problem: the native kernel is faster")

@@ -14,7 +14,6 @@ Run from the repository root on a CUDA machine: PYTHONPATH=. python3 scripts/gpu
 """
 from __future__ import annotations
 
-import pathlib
 import statistics
 import sys
 
@@ -23,9 +22,6 @@ import torch
 from portconv.bench.roofline import ITEMSIZE, measure_bandwidth, tensor_bytes
 from portconv.bench.suite import load_suite, select
 from portconv.bench.timing import CudaClock
-
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from depthwise_bench import kernel_ms  # noqa: E402 - a sibling script
 
 ROWS = ["mbv2-dw3x3", "mbv2-dw3x3-bf16", "mbv2-dw3x3-bf16-cl", "mbv2-dw3x3-s2", "mbv2-dw3x3-last", "mbv2-dw3x3-b1",
         "dw3d-3x3x3"]
@@ -44,6 +40,22 @@ extern "C" __global__ void copy16(const uint4 *__restrict__ s, uint4 *__restrict
 }
 extern "C" __global__ void empty() {}
 """
+
+
+def kernel_ms(fn, sets, runs):
+    """Device time of the kernels per call, from torch.profiler (CUPTI sees CuPy's launches too)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn(0)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(runs):
+            fn(i % sets)
+        torch.cuda.synchronize()
+    tot = 0.0
+    for ev in prof.key_averages():
+        tot += getattr(ev, "self_device_time_total", None) or getattr(ev, "self_cuda_time_total", 0) or 0
+    return tot / runs / 1000.0
 
 
 def held_ms(call, sets, runs: int = 60) -> float:
@@ -72,11 +84,13 @@ class Raw:
         self.copies = {u: m.get_function("copy16") for u, m in mods.items()}
         self.empty_fn = mods[1].get_function("empty")
         self.sms = torch.cuda.get_device_properties(0).multi_processor_count
+        self.streams = {}
 
     def stream(self):
-        from portconv.backends._cupy import _external_stream
-
-        return _external_stream(self.cupy, torch.cuda.current_stream().cuda_stream, torch.cuda.current_device())
+        key = (torch.cuda.current_stream().cuda_stream, torch.cuda.current_device())
+        if key not in self.streams:
+            self.streams[key] = self.cupy.cuda.ExternalStream(*key)
+        return self.streams[key]
 
     def empty(self, _):
         with self.stream():

@@ -1,12 +1,12 @@
 """Where a cached plan's per-call host time goes on the GPU: per-call times per backend, a cProfile of the
-slow ones, and the cost of the primitives a call is made of. Usage: python3 scripts/gpu/overhead_profile.py [CALLS]
-OVERHEAD_SHAPE=N,C,H,G (default 1,4,8,1: a 1x4x8x8 input, 3x3 filter, pad 1, G groups) times another square conv2d,
-e.g. 1,32,112,32 for the suite's mbv2-dw3x3-b1 row; OVERHEAD_BACKENDS (default aten,cudnn,cuda,hip,auto)."""
+slow ones, and the cost of the primitives a call is made of.
+Usage: python3 scripts/gpu/overhead_profile.py [CALLS] [--shape N,C,H,G] [--backends aten,cudnn,cuda,hip,auto]
+--shape (default 1,4,8,1: a 1x4x8x8 input, 3x3 filter, pad 1, G groups) times another square conv2d, e.g.
+1,32,112,32 for the suite's mbv2-dw3x3-b1 row."""
+import argparse
 import cProfile
 import io
-import os
 import pstats
-import sys
 import time
 
 import torch
@@ -15,13 +15,17 @@ import torch.nn.functional as F
 import portconv
 
 dev = "cuda"
-n_, c_, h_, g_ = (int(v) for v in os.environ.get("OVERHEAD_SHAPE", "1,4,8,1").split(","))
+ap = argparse.ArgumentParser()
+ap.add_argument("calls", nargs="?", type=int, default=3000)
+ap.add_argument("--shape", default="1,4,8,1")
+ap.add_argument("--backends", default="aten,cudnn,cuda,hip,auto")
+args = ap.parse_args()
+n_, c_, h_, g_ = (int(v) for v in args.shape.split(","))
 x = torch.randn(n_, c_, h_, h_, device=dev)
 w = torch.randn(c_, c_ // g_, 3, 3, device=dev)
 go = torch.randn(n_, c_, h_, h_, device=dev)
-BACKENDS = [None if b == "auto" else b
-            for b in os.environ.get("OVERHEAD_BACKENDS", "aten,cudnn,cuda,hip,auto").split(",")]
-N = int(sys.argv[1]) if len(sys.argv) > 1 else 3000
+BACKENDS = [None if b == "auto" else b for b in args.backends.split(",")]
+N = args.calls
 
 
 def per_call(fn, n=N):

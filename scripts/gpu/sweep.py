@@ -1,5 +1,6 @@
-"""Device-machine sweep: every cuda algorithm (forced) and the cudnn backend on a case list, in all four dtypes,
-against float64 PyTorch on the CPU; then a few timings. Prints a short table; writes JSON to $OUT (or ./out)."""
+"""Device-machine sweep: every family of the cuda backend (portconv.options(algorithm=...)) and the cudnn backend on a
+case list, in all four dtypes, results NaN-poisoned, against float64 PyTorch on the CPU; then a few timings. Prints
+a short table; writes JSON to --out (default ./out). scripts/gpu/reports.sh runs it under compute-sanitizer."""
 from __future__ import annotations
 
 import argparse
@@ -14,11 +15,10 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.getcwd())
-from portconv.backends import BackendId, Problem, _cupy, cuda, cudnn  # noqa: E402
-from portconv.errors import Unsupported  # noqa: E402
+import portconv  # noqa: E402
+from portconv import knobs  # noqa: E402
+from portconv.backends.simt import compile as simt_compile  # noqa: E402
 from portconv.params import ConvParams  # noqa: E402
-from portconv.plan import Plan  # noqa: E402
-from portconv.tensors import spec_of  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
 TOL = {"float64": 1e-12, "float32": 2e-5, "float16": 2e-3, "bfloat16": 1.6e-2}  # relative L2 error
@@ -87,36 +87,35 @@ def rel(got, ref) -> float:
     return ((g - ref).norm() / ref.norm().clamp_min(1e-300)).item()
 
 
+def _plan(xd, wd, bd, kw, backend, **options):
+    with portconv.options(**options):
+        return portconv.plan(xd, wd, bd, **kw, backend=backend)
+
+
 def correctness(cases, dev, rows, dtypes=tuple(DTYPES), with_cudnn=True):
-    os.environ["PORTCONV_POISON"] = "1"
-    cb, db = cuda.CudaBackend(), cudnn.CudnnBackend()
     torch.backends.cudnn.allow_tf32 = False
     for case in cases:
+        kw = case[3]
         for dtype in dtypes:
             (x, w, b, p), (xd, wd, bd) = make(case, dtype, dev)
-            problem = Problem(p, spec_of(xd), spec_of(wd), True)
-            go = torch.randn(problem.output_shape, dtype=torch.float64).to(DTYPES[dtype])
+            chosen = _plan(xd, wd, bd, kw, "cuda")
+            go = torch.randn(chosen.problem.output_shape, dtype=torch.float64).to(DTYPES[dtype])
             ref = reference(x, w, b, p, go)
-            dev_info = cb.device_for(problem)
-            choice = cb.choose(problem, dev_info)
-            algs = ["direct", "implicit_gemm"] + (["depthwise"] if problem.is_depthwise else [])
+            algs = ["direct", "implicit_gemm"] + (["depthwise"] if chosen.problem.is_depthwise else [])
             if p.groups == 1 and dtype in ("float16", "bfloat16") and torch.cuda.get_device_capability(dev)[0] >= 8:
                 algs.append("igemm-tc")  # Note [tensor-core implicit GEMM] (float32 would run TF32: not this TOL)
-            runs = [(a, cb, Plan(problem, BackendId.CUDA, a, choice.memory_format, choice.reason, dev_info))
-                    for a in algs]
-            try:
-                if not with_cudnn:
-                    raise Unsupported("not requested")
-                c2 = db.choose(problem, dev_info)
-                runs.append(("cudnn", db, Plan(problem, BackendId.CUDNN, c2.algorithm, c2.memory_format, c2.reason,
-                                               dev_info, c2.math)))
-            except Unsupported as e:
-                rows.append(dict(case=case[0], dtype=dtype, alg="cudnn", status="unsupported", reason=e.reason))
-            for alg, be, plan in runs:
-                row = dict(case=case[0], dtype=dtype, alg=alg, chosen=alg == choice.algorithm)
+            runs = [(a, "cuda", {"algorithm": a}) for a in algs] + ([("cudnn", "cudnn", {})] if with_cudnn else [])
+            for alg, backend, options in runs:
+                row = dict(case=case[0], dtype=dtype, alg=alg, chosen=alg == chosen.algorithm)
                 try:
-                    y = be.forward(plan, xd, wd, bd)
-                    grads = be.backward(plan, go.to(dev), xd, wd, (True, True, True))
+                    plan = _plan(xd, wd, bd, kw, backend, **options)
+                except portconv.BackendUnavailable as e:
+                    rows.append(dict(row, status="unsupported", reason=str(e)[:400]))
+                    continue
+                try:
+                    with knobs.with_env(poison=True):
+                        y = plan.forward(xd, wd, bd)
+                        grads = plan.backward(go.to(dev), xd, wd, (True, True, True))
                     torch.cuda.synchronize(dev)
                     errs = [rel(g_, r_) for g_, r_ in zip((y, *grads), ref)]
                     row.update(errs=errs, status="pass" if all(e < TOL[dtype] for e in errs) else "FAIL")
@@ -141,20 +140,18 @@ def median_ms(fn, dev, reps=20):
     return statistics.median(times)
 
 
-def _time_shape(name, xs, ws, kw, dtype, dev, cb):
+def _time_shape(name, xs, ws, kw, dtype, dev):
     x = torch.randn(xs, device=dev, dtype=DTYPES[dtype])
     w = torch.randn(ws, device=dev, dtype=DTYPES[dtype])
     p = ConvParams.make(2, weight_shape=ws, **kw)
-    problem = Problem(p, spec_of(x), spec_of(w), False)
-    go = torch.randn(problem.output_shape, device=dev, dtype=x.dtype)
-    info = cb.device_for(problem)
-    choice = cb.choose(problem, info)
-    row = dict(shape=name, dtype=dtype, chosen=choice.algorithm)
+    chosen = _plan(x, w, None, kw, "cuda")
+    go = torch.randn(chosen.problem.output_shape, device=dev, dtype=x.dtype)
+    row = dict(shape=name, dtype=dtype, chosen=chosen.algorithm)
     masks = ((True, False, False), (False, True, False))
-    for alg in ("direct", "implicit_gemm") + (("depthwise",) if problem.is_depthwise else ()):
-        plan = Plan(problem, BackendId.CUDA, alg, choice.memory_format, choice.reason, info)
-        row[alg] = [median_ms(lambda plan=plan: cb.forward(plan, x, w, None), dev)] + [
-            median_ms(lambda m=m, plan=plan: cb.backward(plan, go, x, w, m), dev) for m in masks]
+    for alg in ("direct", "implicit_gemm") + (("depthwise",) if chosen.problem.is_depthwise else ()):
+        plan = _plan(x, w, None, kw, "cuda", algorithm=alg)
+        row[alg] = [median_ms(lambda plan=plan: plan.forward(x, w, None), dev)] + [
+            median_ms(lambda m=m, plan=plan: plan.backward(go, x, w, m), dev) for m in masks]
     bs = [w.shape[0]]
     row["torch"] = [median_ms(lambda: F.conv2d(x, w, None, **kw), dev)] + [
         median_ms(lambda m=m: torch.ops.aten.convolution_backward(go, x, w, bs, p.stride, p.padding, p.dilation,
@@ -164,14 +161,12 @@ def _time_shape(name, xs, ws, kw, dtype, dev, cb):
 
 
 def timings(dev, rows):
-    os.environ["PORTCONV_POISON"] = "0"
     torch.backends.cudnn.allow_tf32 = True
     shapes = [("mbv2-dw3x3", (32, 144, 56, 56), (144, 1, 3, 3), dict(padding=1, groups=144)),
               ("resnet-3x3", (32, 64, 56, 56), (64, 64, 3, 3), dict(padding=1))]
-    cb = cuda.CudaBackend()
     for name, xs, ws, kw in shapes:
         for dtype in ("float32", "float16"):
-            rows.append(_time_shape(name, xs, ws, kw, dtype, dev, cb))
+            rows.append(_time_shape(name, xs, ws, kw, dtype, dev))
 
 
 def main():
@@ -181,9 +176,10 @@ def main():
     ap.add_argument("--dtypes", default=",".join(DTYPES))
     ap.add_argument("--cases", default="", help="comma-separated case names (default: all, or --small's)")
     ap.add_argument("--no-cudnn", action="store_true")
+    ap.add_argument("--out", default="out", help="folder of the JSON report")
     a = ap.parse_args()
     dev = torch.device("cuda", torch.cuda.current_device())
-    out = os.environ.get("OUT", "out")
+    out = a.out
     os.makedirs(out, exist_ok=True)
     names = a.cases.split(",") if a.cases else (SMALL if a.small else [c[0] for c in CASES])
     cases = [c for c in CASES if c[0] in names]
@@ -194,8 +190,8 @@ def main():
     if not a.no_time:
         timings(dev, trows)
     info = dict(device=torch.cuda.get_device_name(dev), torch=torch.__version__, cuda=torch.version.cuda,
-                cudnn=torch.backends.cudnn.version(), cupy=_cupy.import_cupy().__version__,
-                compile=[e.__dict__ for e in _cupy.compile_events()], seconds=dict(correct=t1 - t0))
+                cudnn=torch.backends.cudnn.version(), cupy=simt_compile.import_cupy().__version__,
+                compile=[e.__dict__ for e in simt_compile.compile_events()], seconds=dict(correct=t1 - t0))
     with open(os.path.join(out, "sweep-small.json" if a.small or a.cases else "sweep.json"), "w") as f:
         json.dump(dict(info=info, rows=rows, timings=trows), f, indent=1, default=str)
     bad = [r for r in rows if r["status"] not in ("pass", "unsupported")]
@@ -207,7 +203,7 @@ def main():
     for (alg, dt), st in sorted(by.items()):
         print(f"  {alg:<14}{dt:<9} pass {st.count('pass'):>3}  fail {st.count('FAIL'):>2}  error {st.count('ERROR'):>2}"
               f"  unsupported {st.count('unsupported'):>2}")
-    comp = _cupy.compile_events()
+    comp = simt_compile.compile_events()
     if comp:
         print(f"  first compile {comp[0].seconds:.2f} s ({comp[0].how}); {len(comp)} modules, "
               f"{sum(e.seconds for e in comp):.1f} s in all")

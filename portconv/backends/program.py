@@ -1,0 +1,182 @@
+"""KernelPlan and Program: what a plan runs, as data; ProgramRunner: the one way the own kernel sets run it.
+
+Note [programs]
+A plan's call (its forward, or its backward for one output mask) is always the same kernel launches: the same
+modules, kernels, grids and argument blocks; only the tensors' addresses (and, on OpenCL, their element offsets)
+differ between calls. So the own kernel sets (cuda/hip, opencl) describe a call as data, made by a pure function of
+(problem, device, options, the operands' Layouts):
+  - a KernelPlan per result (forward, grad_input, grad_weight, grad_bias): what runs and why, in explain()'s words,
+    and its Program part: the Buffers it allocates and the Launches it makes;
+  - each Launch names its module (source file + defines), kernel, grid, block, the argument block with every
+    address field zero, and Binds: which argument slot takes which role's address (and offset).
+Roles are the call's operands ('input', 'weight', 'bias', 'grad_output'), its results ('output', 'grad_input',
+'grad_weight', 'grad_bias') and the Buffers' own names. ProgramRunner keeps one executable per (call, operand
+layouts): the first call of a layout asks the builder (pure) and the vendor's loader (compiles, fetches kernels),
+every call then binds addresses and launches; nothing is decided at launch. The plan holds the KernelPlans of the
+layouts the problem implies (inputs as described, grad_output dense in the result format, aligned addresses);
+explain() prints those.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Hashable
+from typing import Protocol
+
+from ..problem import Layout
+
+RESULTS = ("output", "grad_input", "grad_weight", "grad_bias")  # the KernelPlan directions, in call order
+OPERANDS = ("input", "weight", "bias", "grad_output")
+
+
+@dataclasses.dataclass(frozen=True)
+class Module:
+    """A compiled unit: a kernel source file and its compile-time defines ((name, value); value '' for a flag)."""
+
+    source: str
+    defines: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def of(cls, source: str, defines: dict | None = None) -> Module:
+        return cls(source, tuple(sorted((k, str(v)) for k, v in (defines or {}).items())))
+
+    def describe(self) -> str:
+        return self.source + "".join(f" {k}={v}" if v != "" else f" {k}" for k, v in self.defines)
+
+
+@dataclasses.dataclass(frozen=True)
+class Bind:
+    """Argument ``slot`` takes ``role``'s address (CUDA: a pointer field of the argument block; OpenCL: a kernel
+    argument); ``offset_slot`` >= 0: that field of the argument block takes its element offset (OpenCL)."""
+
+    slot: int
+    role: str
+    offset_slot: int = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class Buffer:
+    """Memory a call allocates: a result (poisoned under PORTCONV_POISON) or a workspace."""
+
+    role: str
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: str
+    result: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    module: Module
+    kernel: str
+    grid: tuple[int, ...]  # CUDA: blocks; OpenCL: the global size (a multiple of block)
+    block: tuple[int, ...]  # CUDA: threads; OpenCL: the work-group size
+    args: tuple[int, ...]  # the argument block, address (and offset) fields zero
+    binds: tuple[Bind, ...]
+    dependent: bool = False  # Note [dependent launch]: may start before the launch before it completes
+    local_bytes: int = 0  # OpenCL: local memory passed as the last argument
+
+    def describe(self) -> str:
+        return f"{self.kernel} grid {'x'.join(map(str, self.grid))} block {'x'.join(map(str, self.block))}"
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelPlan:
+    """What one result of a plan's call runs and why: explain()'s lines, and the buffers and launches."""
+
+    result: str  # RESULTS
+    summary: str  # one line: the kernels and their main parameters
+    decisions: tuple[str, ...] = ()  # one line per further decision
+    buffers: tuple[Buffer, ...] = ()
+    launches: tuple[Launch, ...] = ()
+
+    def lines(self) -> list[str]:
+        return [self.summary, *self.decisions]
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """The launches of one call, in order, with the buffers they need and the roles the call returns."""
+
+    buffers: tuple[Buffer, ...]
+    launches: tuple[Launch, ...]
+    outputs: tuple[str | None, ...]
+
+    @classmethod
+    def of(cls, plans: tuple[KernelPlan, ...], outputs: tuple[str | None, ...]) -> Program:
+        return cls(tuple(b for p in plans for b in p.buffers), tuple(x for p in plans for x in p.launches), outputs)
+
+
+class Loader(Protocol):
+    """A vendor's side of ProgramRunner: a cheap key of what an operand's layout depends on (read every call), the
+    layout itself (read once per key), and a Program made executable."""
+
+    def key(self, t) -> Hashable: ...
+
+    def layout(self, t) -> Layout | None: ...
+
+    def load(self, program: Program, anchor) -> Callable[[dict], tuple]: ...
+
+
+Builder = Callable[[str, tuple, tuple], tuple[KernelPlan, ...]]  # (call, mask or (), layouts) -> KernelPlans
+
+
+def backward_outputs(mask) -> tuple[str | None, ...]:
+    return tuple(r if m else None for r, m in zip(RESULTS[1:], mask))
+
+
+class ProgramRunner:
+    """Runs a plan's calls: one executable per (call, mask, operand layouts), built on its first call."""
+
+    def __init__(self, build: Builder, loader: Loader):
+        self.build, self.loader = build, loader
+        self._forward: dict[tuple, Callable] = {}
+        self._backward: dict[tuple, Callable] = {}
+
+    def forward(self, input, weight, bias):
+        k = self.loader.key
+        key = (k(input), k(weight), k(bias))
+        run = self._forward.get(key)
+        if run is None:
+            lay = self.loader.layout
+            layouts = (lay(input), lay(weight), lay(bias))
+            prog = Program.of(self.build("forward", (), layouts), ("output",))
+            run = self._forward[key] = self.loader.load(prog, input)
+        return run({"input": input, "weight": weight, "bias": bias})[0]
+
+    def backward(self, grad_output, input, weight, mask):
+        if not any(mask):
+            return None, None, None
+        k = self.loader.key
+        key = (mask, k(grad_output), k(input), k(weight))
+        run = self._backward.get(key)
+        if run is None:
+            lay = self.loader.layout
+            layouts = (lay(grad_output), lay(input), lay(weight))
+            prog = Program.of(self.build("backward", mask, layouts), backward_outputs(mask))
+            run = self._backward[key] = self.loader.load(prog, input)
+        return run({"grad_output": grad_output, "input": input, "weight": weight})
+
+
+class EmptyRunner:
+    """The Runner of an empty problem (ATen's Empty backend: a batch or channel count of zero): no kernel runs, the
+    results are what PyTorch returns (validate.empty_forward / empty_backward)."""
+
+    def __init__(self, problem):
+        self.problem = problem
+
+    def forward(self, input, weight, bias):
+        from ..validate import empty_forward
+
+        return empty_forward(input, weight, bias, self.problem.params)
+
+    def backward(self, grad_output, input, weight, mask):
+        from ..validate import empty_backward
+
+        return empty_backward(grad_output, input, weight, self.problem.params, mask)
+
+
+def empty_kernels(problem) -> tuple[KernelPlan, ...]:
+    """The KernelPlans of an empty problem: no kernel, PyTorch's empty results."""
+    results = RESULTS if problem.has_bias else RESULTS[:3]
+    return tuple(KernelPlan(r, "no kernel: an empty problem (PyTorch's Empty backend results)") for r in results)
+

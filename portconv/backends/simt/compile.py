@@ -1,0 +1,199 @@
+"""Kernel sources inlined, compiled at run time (NVRTC; hiprtc in hip.py) and cached in memory and on disk."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import pathlib
+import re
+import threading
+import time
+import warnings
+
+from ... import knobs, sources
+from ...errors import VendorImportError
+from ..program import Module
+
+CUDA_PIP_HINT = "pip install portconv[cuda12]  (CUDA 12 driver) or  pip install portconv[cuda13]  (CUDA 13 driver)"
+
+
+def import_cupy(pip_hint: str = CUDA_PIP_HINT):
+    """Import CuPy or raise VendorImportError naming the pip extra."""
+    try:
+        import cupy
+    except ImportError as e:
+        raise VendorImportError(f"CuPy is not installed ({e}); {pip_hint}") from e
+    return cupy
+
+
+def is_hip(cupy) -> bool:
+    return bool(getattr(cupy.cuda.runtime, "is_hip", False))
+
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
+
+
+def inline_source(entry: str, folders: list[pathlib.Path], overrides: dict[str, pathlib.Path] | None = None) -> str:
+    """``entry`` with every quoted #include replaced by the file's text (each file once, #pragma once).
+
+    Note [inlined sources]: the compiler sees one self-contained text, so the cache key (a hash of that text)
+    covers every header, NVRTC/hiprtc need no include path (hiprtc ignores -I for some headers), and a second
+    kernel set reuses these bodies by putting its own prelude earlier in ``folders`` or in ``overrides``.
+    """
+    overrides = overrides or {}
+    seen: set[pathlib.Path] = set()
+
+    def find(name: str) -> pathlib.Path:
+        if name in overrides:
+            return overrides[name]
+        for f in folders:
+            if (f / name).is_file():
+                return f / name
+        raise FileNotFoundError(f"kernel source {name!r} not found in {', '.join(map(str, folders))}")
+
+    def expand(path: pathlib.Path) -> str:
+        path = path.resolve()
+        if path in seen:
+            return ""
+        seen.add(path)
+        text = path.read_text().replace("#pragma once", "")
+        out = [f'#line 1 "{path.name}"']
+        pos = 0
+        for mt in _INCLUDE.finditer(text):
+            out.append(text[pos:mt.start()])
+            out.append(expand(find(mt.group(1))))
+            line = text.count("\n", 0, mt.end()) + 1
+            out.append(f'\n#line {line + 1} "{path.name}"')
+            pos = mt.end()
+        out.append(text[pos:])
+        return "\n".join(out)
+
+    return expand(find(entry))
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileEvent:
+    """One module made ready for a device: compiled now ('nvrtc'/'hiprtc') or read back ('disk')."""
+
+    entry: str
+    defines: tuple[tuple[str, str], ...]
+    arch: str
+    how: str
+    seconds: float
+    device: int
+
+
+_events: list[CompileEvent] = []
+
+
+def compile_events() -> list[CompileEvent]:
+    """Every module load so far in this process (the CLI's ``--time`` prints the first call's compile time)."""
+    return list(_events)
+
+
+class KernelSet:
+    """One kernel-source set compiled at run time with NVRTC (or hiprtc): modules cached in memory and on disk.
+
+    ``folders`` are searched in order for quoted includes; the HIP set passes its own folder first so its prelude
+    wins, then cuda/ for the shared bodies.
+    """
+
+    vendor = "cuda"
+    compiler = "nvrtc"
+
+    def __init__(self, folders: list[pathlib.Path] | None = None, options: tuple[str, ...] = ("-std=c++17",),
+                 pip_hint: str = CUDA_PIP_HINT):
+        self.folders = folders or [sources.folder("cuda")]
+        self.options = options
+        self.pip_hint = pip_hint
+        self._modules: dict[tuple, object] = {}
+        self._texts: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    # the parts a vendor overrides ------------------------------------------------------------------------------
+    def compiler_version(self) -> str:
+        cupy = import_cupy(self.pip_hint)
+        return ".".join(map(str, cupy.cuda.nvrtc.getVersion()))
+
+    def arch_options(self, device: int) -> tuple[str, tuple[str, ...], str]:
+        """(arch name, arch options, binary kind) for a device: a cubin where NVRTC knows the arch, else PTX."""
+        cupy = import_cupy(self.pip_hint)
+        cc = int(cupy.cuda.Device(device).compute_capability)
+        supported = sorted(cupy.cuda.nvrtc.getSupportedArchs())
+        if cc in supported:
+            return f"sm_{cc}", (f"-arch=sm_{cc}",), "cubin"
+        best = max([a for a in supported if a <= cc] or supported[:1])
+        return f"sm_{cc}", (f"-arch=compute_{best}",), "ptx"
+
+    def build(self, text: str, name: str, options: tuple[str, ...], kind: str) -> bytes:
+        cupy = import_cupy(self.pip_hint)
+        nvrtc = cupy.cuda.nvrtc
+        prog = nvrtc.createProgram(text, name, [], [])
+        try:
+            try:
+                nvrtc.compileProgram(prog, list(options))
+            except nvrtc.NVRTCError as e:
+                log = nvrtc.getProgramLog(prog)
+                raise RuntimeError(f"{self.compiler} failed to compile {name} {' '.join(options)}:\n{log}") from e
+            if kind == "cubin":
+                return nvrtc.getCUBIN(prog)
+            return nvrtc.getPTX(prog) + b"\0"  # the driver's loader reads PTX as a C string
+        finally:
+            nvrtc.destroyProgram(prog)
+
+    # the shared machinery ----------------------------------------------------------------------------------------
+    def text(self, entry: str) -> str:
+        if entry not in self._texts:
+            self._texts[entry] = inline_source(entry, self.folders)
+        return self._texts[entry]
+
+    def module(self, module: Module, device: int):
+        """The loaded CuPy module of ``module`` on ``device`` (compiled once, then from cache)."""
+        key = (module, device)
+        mod = self._modules.get(key)
+        if mod is None:
+            with self._lock:
+                mod = self._modules.get(key)
+                if mod is None:
+                    mod = self._modules[key] = self._load(module, device)
+        return mod
+
+    def function(self, module: Module, device: int, name: str):
+        return self.module(module, device).get_function(name)
+
+    def cache_path(self, key: str) -> pathlib.Path:
+        return pathlib.Path(knobs.env().cache_dir) / self.vendor / f"{key}.bin"
+
+    def _load(self, module: Module, device: int):
+        cupy = import_cupy(self.pip_hint)
+        t0 = time.perf_counter()
+        arch, arch_opts, kind = self.arch_options(device)
+        options = tuple(self.options) + arch_opts + tuple(f"-D{k}={v}" for k, v in module.defines)
+        text = self.text(module.source)
+        h = hashlib.sha256()
+        for part in (self.vendor, self.compiler, self.compiler_version(), arch, kind, " ".join(options), text):
+            h.update(part.encode())
+            h.update(b"\0")
+        path = self.cache_path(h.hexdigest()[:32])
+        binary, how = None, "disk"
+        if path.is_file():
+            binary = path.read_bytes()
+        if not binary:
+            binary, how = self.build(text, module.source, options, kind), self.compiler
+            _write_atomic(path, binary)
+        with cupy.cuda.Device(device):
+            mod = cupy.cuda.function.Module()
+            mod.load(binary)
+        _events.append(CompileEvent(module.source, module.defines, arch, how, time.perf_counter() - t0, device))
+        return mod
+
+
+def _write_atomic(path: pathlib.Path, data: bytes) -> None:
+    """Write via a temporary file and rename, so concurrent processes never read half a binary."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError as e:  # a read-only cache directory costs a recompile next process, never a failure
+        warnings.warn(f"portconv: cannot write the kernel cache {path}: {e}", RuntimeWarning, stacklevel=3)

@@ -1,0 +1,66 @@
+"""The cuda backend: portconv's CUDA kernel set (cuda/*.cu) by NVRTC, on torch CUDA tensors and CuPy arrays."""
+from __future__ import annotations
+
+from ... import rules
+from ...device import Availability, DeviceInfo
+from ...errors import Unsupported, VendorImportError
+from ...knobs import Options
+from ...problem import Problem
+from .. import BackendId, Choice
+from . import base, compile, runtime
+
+
+class CudaBackend(base.SimtBackend):
+    """portconv's own CUDA kernels."""
+
+    id = BackendId.CUDA
+    pip_hint = compile.CUDA_PIP_HINT
+    kernel_set_name = "CUDA"
+
+    def kernels(self) -> compile.KernelSet:
+        if self._kernels is None:
+            self._kernels = compile.KernelSet(pip_hint=self.pip_hint)
+        return self._kernels
+
+    def probe(self) -> Availability:
+        try:
+            cupy = compile.import_cupy(self.pip_hint)
+        except VendorImportError as e:
+            return Availability.no(str(e))
+        if compile.is_hip(cupy):
+            return Availability.no("this CuPy is built for ROCm: AMD GPUs are the hip backend's")
+        try:
+            n = cupy.cuda.runtime.getDeviceCount()
+            nvrtc = ".".join(map(str, cupy.cuda.nvrtc.getVersion()))
+        except cupy.cuda.runtime.CUDARuntimeError as e:
+            return Availability.no(f"no usable CUDA device or driver: {e}")
+        if n == 0:
+            return Availability.no("CUDA reports no device")
+        return Availability.yes(f"CuPy {cupy.__version__}, NVRTC {nvrtc}, {n} CUDA device(s)")
+
+    def device_for(self, problem: Problem) -> DeviceInfo:
+        base.gpu_tensors(problem, "CUDA", "CUDA tensors and CuPy arrays")
+        spec = problem.input
+        if spec.kind == "cupy":
+            return runtime.device_info("cupy", spec.device_index or 0)
+        import torch
+
+        if getattr(torch.version, "hip", None):
+            raise Unsupported("this PyTorch is built for ROCm: its 'cuda' tensors are AMD GPU memory (hip backend)")
+        return runtime.device_info("torch", spec.device_index or 0)
+
+    def choose(self, problem: Problem, device: DeviceInfo, options: Options) -> Choice:
+        if device.vendor != "nvidia":
+            raise Unsupported(f"the cuda backend runs on NVIDIA GPUs, not {device.vendor} ({device.name})")
+        tf32 = (False, "")
+        if problem.dtype == "float32" and problem.input.kind == "torch":  # Note [TF32 policy]
+            import torch
+
+            tf32 = rules.conv_tf32(torch)
+        return self.choose_for(problem, device, options, tf32)
+
+    def devices(self) -> list[DeviceInfo]:
+        if not self.probe():
+            return []
+        cupy = compile.import_cupy(self.pip_hint)
+        return [runtime.device_info("cupy", i) for i in range(cupy.cuda.runtime.getDeviceCount())]

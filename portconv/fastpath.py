@@ -1,0 +1,138 @@
+"""The per-call cache of the public functions: a repeated call skips validation and planning (Note [fast path])."""
+from __future__ import annotations
+
+import sys
+
+from .backends import BackendId
+from .planner import _clear_hooks, call_state
+from .tensors import ARRAY_DEVICE_TYPES, array_key
+
+# Note [fast path]
+# A repeated call skips spec building, validation and planning: the cache maps everything those read to their outcome
+# (the plan, or None for ATen's Empty problems). The key holds, per tensor, its exact type, shape, strides, dtype and
+# device; the arguments, accepted only as ints, strings or tuples/lists of ints (a float, bool or odd sequence
+# takes the slow path, so equal-but-different values never share an entry); the backend request; and
+# plan.call_state() (Note [plan cache]). Only calls that passed validation are stored, so bad input always reaches
+# the checks and raises PyTorch's error before any kernel runs. What is not in the key is checked on every call:
+# grad mode and requires_grad. pyopencl and cupy arrays take the same path (tensors.array_key: per array exactly
+# what spec_of reads of it); they carry no autograd. The cache is LRU-bounded like the plan cache.
+MAX_ENTRIES = 4096
+_entries: dict[tuple, tuple] = {}
+_torch = None  # the torch module once it is imported (portconv never imports it for pyopencl/cupy arrays)
+_tensor_types: tuple = ()
+_strided = None
+_clear_hooks.append(_entries.clear)
+
+
+def _arg(v):
+    t = type(v)
+    if t is int or t is str:
+        return v
+    if t is bool:
+        return bool, v  # True == 1: kept apart from the ints
+    if (t is tuple or t is list) and all(type(e) is int for e in v):
+        return tuple(v)
+    raise TypeError  # not cacheable: the slow path decides
+
+
+def _key_args(args: tuple) -> tuple:
+    """The call's arguments as part of a key: as they are when all are ints, else through _arg (TypeError: not
+    cacheable)."""
+    for v in args:
+        if type(v) is not int:
+            return tuple(_arg(v) for v in args)
+    return args
+
+
+def _keyable_backend(backend) -> bool:
+    return backend is None or type(backend) is str or type(backend) is BackendId
+
+
+def _init_torch():
+    """Bind the torch module once it is imported (None before): the tensor types the key accepts, and the custom ops
+    registered (ops.py) before any tracer can meet a portconv call."""
+    global _torch, _tensor_types, _strided
+    torch = sys.modules.get("torch")
+    if torch is not None and _torch is None:
+        _tensor_types, _strided = (torch.Tensor, torch.nn.Parameter), torch.strided
+        _torch = torch
+        from . import ops  # noqa: F401 - registers portconv::convolution(_backward)
+    return torch
+
+
+def special() -> bool:
+    """Note [eager and traced calls]: a tracer, a torch dispatch mode, autocast, a functorch transform or a
+    forward-AD level is active (well under a microsecond; False before torch is imported)."""
+    torch = _torch or _init_torch()
+    if torch is None:
+        return False
+    if torch.compiler.is_compiling():
+        return True
+    c = torch._C
+    return bool(c._is_any_autocast_enabled() or c._are_functorch_transforms_active()
+                or c._len_torch_dispatch_stack() or torch.autograd.forward_ad._current_level >= 0)
+
+
+def key(name, input, weight, bias, args: tuple, backend) -> tuple | None:
+    """Note [fast path]: the cache key of one call, or None when the call cannot use the cache. ``name`` is any
+    hashable that tells the callers' keys apart (a function name; ConvParams for autograd's internal calls)."""
+    if _torch is None and _init_torch() is None:
+        return _array_call_key(name, input, weight, bias, args, backend)
+    tt = _tensor_types
+    if type(input) not in tt:
+        return _array_call_key(name, input, weight, bias, args, backend)
+    if type(weight) not in tt or not _keyable_backend(backend):
+        return None
+    try:
+        if input.layout is not _strided or weight.layout is not _strided:
+            return None  # sparse or mkldnn tensors: the slow path decides
+        if bias is None:
+            b = None
+        elif type(bias) in tt and bias.layout is _strided:
+            b = (type(bias), bias.shape, bias.stride(), bias.dtype, bias.device)
+        else:
+            return None
+        args = _key_args(args)
+        dev = input.device
+        return (name, type(input), input.shape, input.stride(), input.dtype, dev, type(weight), weight.shape,
+                weight.stride(), weight.dtype, weight.device, b, args, backend, call_state(dev.type))
+    except (TypeError, RuntimeError):  # not a strided tensor (sparse, mkldnn), or an argument the cache cannot key
+        return None
+
+
+def _array_call_key(name, input, weight, bias, args: tuple, backend) -> tuple | None:
+    """Note [fast path] for a call on pyopencl or cupy arrays, or None when the call cannot use the cache."""
+    ki, kw = array_key(input), array_key(weight)
+    kb = None if bias is None else array_key(bias)
+    if ki is None or kw is None or (bias is not None and kb is None) or not _keyable_backend(backend):
+        return None
+    try:
+        args = _key_args(args)
+    except TypeError:
+        return None
+    return name, ki, kw, kb, args, backend, call_state(ARRAY_DEVICE_TYPES[ki[0]])
+
+
+def get(k: tuple | None):
+    if k is None:
+        return None
+    hit = _entries.get(k)
+    if hit is not None:  # least recently used goes first: re-insert at the end
+        del _entries[k]
+        _entries[k] = hit
+    return hit
+
+
+def put(k: tuple | None, value: tuple) -> None:
+    if k is None:
+        return
+    if len(_entries) >= MAX_ENTRIES:
+        del _entries[next(iter(_entries))]
+    _entries[k] = value
+
+
+def wants_grad(input, weight, bias) -> bool:
+    """Whether autograd must record this call: grad mode on and a torch tensor that requires grad."""
+    torch = _torch or sys.modules.get("torch")
+    return torch is not None and isinstance(input, torch.Tensor) and torch.is_grad_enabled() and (
+        input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))

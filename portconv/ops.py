@@ -1,0 +1,339 @@
+"""torch.library ops portconv::convolution and portconv::convolution_backward: what torch.compile and export see."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from . import autograd, fastpath, functional, validate
+from .backends.torchlib import pad_extra, torch_format, unpad
+from .params import ConvParams
+from .tensors import TensorSpec, dense_strides, spec_of
+
+# Note [custom ops]
+# Eager calls run on the lean path (functional -> fastpath -> ConvFunction); a call that a tracer records
+# (torch.compile, torch.export, make_fx, any torch dispatch mode: composite.traced(input)) becomes one of these ops:
+#   portconv::convolution            aten::convolution's arguments and result, plus the backend request;
+#   portconv::convolution_backward   aten::convolution_backward's, plus the request ('' = automatic).
+# The real kernels plan when they run, through the same fast path as eager calls: plan lookup and its caches stay
+# outside any graph, and the plan cache's key holds everything a plan depends on (Note [plan cache]). The fake
+# kernels validate with PyTorch's checks and texts and give each result the memory format of the plan made from
+# the fake tensors' specs (planning reads only specs, device facts and flags; it runs with fake mode off, so what
+# a backend caches is real; the real call then finds that plan cached). The real kernels return exactly the dense
+# strides of their plan's format (_restride: as they are; a free restride where only size-1 dims differ; else a
+# copy, which no backend needs today), so what Inductor assumes of a result holds, unless portconv's context
+# (use_backend, PORTCONV_* knobs, torch flags) changes between tracing and running in a way that changes a plan's
+# format: Inductor's stride assertion then says so. A format depends on sizes only where an operand is
+# channels-last (ATen's CPU route and cuDNN's depthwise choice vary with sizes there): with symbolic sizes such a
+# call is specialised to its sizes (guard_int); elsewhere it plans on the size hints without a guard.
+# CUDA graphs (mode="reduce-overhead"): the real kernels allocate every result and workspace through torch's
+# allocator, launch on torch's current stream and never synchronise the host, and keep no tensor between calls;
+# plan lookup and kernel compilation happen in the warm-up run that precedes capture, and the captured graph
+# replays only the launches.
+_FWD = ("(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation, "
+        "bool transposed, SymInt[] output_padding, SymInt groups, str backend) -> Tensor")
+_BWD = ("(Tensor grad_output, Tensor input, Tensor weight, SymInt[]? bias_sizes, SymInt[] stride, "
+        "SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups, "
+        "bool[3] output_mask, str backend) -> (Tensor, Tensor, Tensor)")
+
+
+def _request(backend: str):
+    return backend or None
+
+
+_dense: dict[tuple, tuple] = {}  # (shape, format) -> dense strides; bounded like the plan cache it follows
+
+
+def _restride(t, fmt: str):
+    """``t`` with exactly the dense strides of ``fmt`` (Note [custom ops])."""
+    key = (t.shape, fmt)
+    want = _dense.get(key)
+    if want is None:
+        if len(_dense) >= fastpath.MAX_ENTRIES:
+            _dense.clear()
+        want = _dense[key] = dense_strides(tuple(t.shape), fmt)
+    got = t.stride()
+    if got == want:
+        return t
+    if all(g == w or s <= 1 for g, w, s in zip(got, want, t.shape)):
+        return t.as_strided(t.shape, want)
+    return torch.empty_strided(t.shape, want, dtype=t.dtype, device=t.device).copy_(t)
+
+
+def _ints(v):
+    """An argument of the op's schema in a cache key: int lists as tuples (the schema makes every other one exact)."""
+    return tuple(v) if type(v) is list else v
+
+
+def _forward_plan(input, weight, bias, args: tuple, backend: str):
+    """(plan or None for an Empty problem, params) of an aten::convolution call, through the fast path."""
+    request = _request(backend)
+    key = fastpath.key(("op", *map(_ints, args)), input, weight, bias, (), request)
+    hit = fastpath.get(key)
+    if hit is None:
+        params = functional._params(weight, *args)
+        hit = (functional._prepare(input, weight, bias, params, request, None if key is None else key[-1]), params)
+        fastpath.put(key, hit)
+    return hit
+
+
+def _backward_plan(grad_output, input, weight, bias_sizes, args: tuple, mask, backend: str):
+    """(plan or None, params, bias_sizes) of an aten::convolution_backward call; grad_output's spec is in the key
+    (the bias slot) so that a cached call never skips its checks."""
+    request = _request(backend)
+    name = ("op.backward", *map(_ints, args), None if bias_sizes is None else tuple(bias_sizes), mask)
+    key = fastpath.key(name, input, weight, grad_output, (), request)
+    hit = fastpath.get(key)
+    if hit is None:
+        params = functional._params(weight, *args, backward=True)
+        problem = functional.make_problem(input, weight, None, params)
+        sizes = None if bias_sizes is None else [int(s) for s in bias_sizes]
+        validate.check_backward(spec_of(grad_output), problem, sizes, mask)
+        if sizes is not None:
+            problem = dataclasses.replace(problem, has_bias=True)  # the forward's problem: its plan
+        p = None if validate.is_empty_problem(problem) else functional.select(problem, request)
+        hit = (p, params, sizes)
+        fastpath.put(key, hit)
+    return hit
+
+
+@torch.library.custom_op("portconv::convolution", mutates_args=(), schema=_FWD)
+def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups, backend):
+    p, params = _forward_plan(input, weight, bias, (stride, padding, dilation, transposed, output_padding, groups),
+                              backend)
+    if p is None:
+        return validate.empty_forward(input, weight, bias, params)
+    return _restride(p.forward(input, weight, bias), p.memory_format)
+
+
+@torch.library.custom_op("portconv::convolution_backward", mutates_args=(), schema=_BWD)
+def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+                         output_padding, groups, output_mask, backend):
+    mask = tuple(bool(m) for m in output_mask)
+    p, params, sizes = _backward_plan(grad_output, input, weight, bias_sizes,
+                                      (stride, padding, dilation, transposed, output_padding, groups), mask, backend)
+    if p is None:
+        grads = validate.empty_backward(grad_output, input, weight, params, mask, sizes)
+        return _filled(grads, input)
+    gi, gw, gb = p.backward(grad_output, input, weight, mask)
+    fmt = p.memory_format
+    return (_restride(gi, fmt) if mask[0] else input.new_empty(0),
+            _restride(gw, fmt) if mask[1] else input.new_empty(0),
+            _restride(gb, "contiguous") if mask[2] else input.new_empty(0))
+
+
+def _filled(grads, like):
+    """The op's three results: an empty tensor where the mask is False (a schema result cannot be None)."""
+    return tuple(like.new_empty(0) if g is None else g for g in grads)
+
+
+# --- fake kernels ---------------------------------------------------------------------------------------------
+def _guard_int(v) -> int:
+    from torch.fx.experimental.symbolic_shapes import guard_int  # imports sympy: only where shapes are symbolic
+
+    return guard_int(v)
+
+
+def _hint(v) -> int:
+    return v if type(v) is int else (v.node.hint if v.node.hint is not None else _guard_int(v))
+
+
+def _hint_spec(t) -> tuple[TensorSpec, bool]:
+    """The spec of a fake tensor at its size hints, and whether any size or stride is symbolic."""
+    shape, strides = tuple(t.shape), tuple(t.stride())
+    symbolic = any(type(v) is not int for v in shape + strides)
+    if not symbolic:
+        return spec_of(t), False
+    dev = t.device
+    spec = TensorSpec(tuple(_hint(v) for v in shape), tuple(_hint(v) for v in strides),
+                      str(t.dtype).replace("torch.", ""), dev.type, dev.index, "torch")
+    return spec, True
+
+
+def _specs(*tensors):
+    """Specs of the fake operands; channels-last operands with symbolic sizes are specialised (Note [custom ops])."""
+    pairs = [_hint_spec(t) for t in tensors]
+    if any(sym for _, sym in pairs) and any(s.memory_format != "contiguous" for s, _ in pairs):
+        for t in tensors:
+            for v in (*t.shape, *t.stride()):
+                _guard_int(v)
+    return [s for s, _ in pairs]
+
+
+def _plan_format(problem, backend: str) -> str:
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        return functional.select(problem, _request(backend)).memory_format
+
+
+def _make_problem(ispec, wspec, has_bias: bool, params: ConvParams):
+    from .problem import Problem
+
+    return Problem(params=params, input=ispec, weight=wspec, has_bias=has_bias)
+
+
+@convolution.register_fake
+def _convolution_fake(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups, backend):
+    ispec, wspec, *bspec = _specs(input, weight, *(() if bias is None else (bias,)))
+    params = ConvParams.make(max(wspec.dim - 2, 1), stride, padding, dilation, transposed, output_padding,
+                             _hint(groups), weight_shape=wspec.shape)
+    validate.check_forward(ispec, wspec, bspec[0] if bspec else None, params)
+    problem = _make_problem(ispec, wspec, bias is not None, params)
+    if validate.is_empty_problem(problem):
+        return validate.empty_forward(input, weight, bias, params)  # the real kernel's ops: the same strides
+    shape = params.output_shape(tuple(input.shape), tuple(weight.shape))
+    fmt = torch_format(torch, _plan_format(problem, backend))
+    return torch.empty(shape, dtype=input.dtype, device=input.device, memory_format=fmt)
+
+
+@convolution_backward.register_fake
+def _convolution_backward_fake(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+                               output_padding, groups, output_mask, backend):
+    mask = tuple(bool(m) for m in output_mask)
+    gspec, ispec, wspec = _specs(grad_output, input, weight)
+    params = ConvParams.make(max(wspec.dim - 2, 1), stride, padding, dilation, transposed, output_padding,
+                             _hint(groups), weight_shape=wspec.shape, backward=True)
+    validate.check_forward(ispec, wspec, None, params)
+    sizes = None if bias_sizes is None else [_hint(s) for s in bias_sizes]
+    problem = _make_problem(ispec, wspec, sizes is not None, params)
+    validate.check_backward(gspec, problem, sizes, mask)
+    if validate.is_empty_problem(problem):
+        return _filled(validate.empty_backward(grad_output, input, weight, params, mask, bias_sizes), input)
+    fmt = torch_format(torch, _plan_format(problem, backend))
+
+    def like(t):
+        return torch.empty(t.shape, dtype=t.dtype, device=t.device, memory_format=fmt)
+
+    return (like(input) if mask[0] else input.new_empty(0), like(weight) if mask[1] else input.new_empty(0),
+            weight.new_empty(list(bias_sizes)) if mask[2] else input.new_empty(0))
+
+
+# --- autograd: the backward op, and ATen's double backward through the ops (Note [portconv autograd]) -----------
+def _forward_setup(ctx, inputs, output):
+    input, weight, bias, *args, backend = inputs
+    ctx.save_for_backward(input, weight)
+    ctx.args, ctx.backend = tuple(args), backend
+    ctx.bias_sizes = None if bias is None else [bias.shape[0]]
+
+
+def _forward_backward(ctx, grad):
+    input, weight = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    mask = [need[0], need[1], ctx.bias_sizes is not None and need[2]]
+    if grad is None or not any(mask):
+        return (None,) * 10
+    gi, gw, gb = convolution_backward(grad, input, weight, ctx.bias_sizes, *ctx.args, mask, ctx.backend)
+    return (gi if mask[0] else None, gw if mask[1] else None, gb if mask[2] else None) + (None,) * 7
+
+
+def _backward_setup(ctx, inputs, output):
+    grad_output, input, weight, _, *args, mask, backend = inputs
+    ctx.save_for_backward(grad_output, input, weight)
+    ctx.args, ctx.mask, ctx.backend = tuple(args), tuple(mask), backend
+
+
+def _backward_backward(ctx, ggi, ggw, ggb):
+    go, x, w = ctx.saved_tensors
+    ggi, ggw, ggb = (g if m else None for g, m in zip((ggi, ggw, ggb), ctx.mask))
+    need, args, backend = ctx.needs_input_grad, ctx.args, ctx.backend
+    ggo = gi = gw = None
+    if need[0]:
+        terms = []
+        if ggi is not None:
+            terms.append(convolution(ggi, w, None, *args, backend))
+        if ggw is not None:
+            terms.append(convolution(x, ggw, None, *args, backend))
+        if ggb is not None:
+            terms.append(ggb.reshape(1, -1, *(1,) * (go.dim() - 2)).expand(go.shape))
+        ggo = sum(terms[1:], terms[0]) if terms else None
+    if need[1] and ggw is not None:
+        gi = convolution_backward(go, x, ggw, None, *args, [True, False, False], backend)[0]
+    if need[2] and ggi is not None:
+        gw = convolution_backward(go, ggi, w, None, *args, [False, True, False], backend)[1]
+    return (ggo, gi, gw) + (None,) * 9
+
+
+convolution.register_autograd(_forward_backward, setup_context=_forward_setup)
+convolution_backward.register_autograd(_backward_backward, setup_context=_backward_setup)
+
+
+# --- autocast: convolution is on autocast's lower-precision list ----------------------------------------------
+def autocast_args(tensors, device_type: str):
+    """ATen's cached_cast to the autocast dtype of ``device_type``: floating tensors on that device type, float64
+    excepted (at::autocast::is_eligible)."""
+    dtype = torch.get_autocast_dtype(device_type)
+    return tuple(t.to(dtype) if t is not None and t.is_floating_point() and t.device.type == device_type
+                 and t.dtype not in (torch.float64, dtype) else t for t in tensors)
+
+
+_impl = torch.library.Library("portconv", "IMPL")
+
+
+def _register_autocast(device_type: str) -> None:
+    """An Autocast<device> kernel that reads the autocast dtype at call time (torch.library.register_autocast
+    fixes one dtype at registration): casts, then runs the op below autocast, as ATen's autocast wrappers do."""
+    name = "Autocast" + torch._C._dispatch_key_for_device(device_type)
+    key = getattr(torch._C.DispatchKey, name)
+    op = torch.ops.portconv.convolution.default
+
+    def run(input, weight, bias, *args):
+        input, weight, bias = autocast_args((input, weight, bias), device_type)
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)):
+            return op(input, weight, bias, *args)
+
+    op.py_impl(key)(run)
+    _impl.impl("convolution", lambda _keys, *args: run(*args), name, with_keyset=True)
+
+
+for _device_type in ("cpu", "cuda"):
+    _register_autocast(_device_type)
+
+
+# --- vmap (Note [vmap rules]) ----------------------------------------------------------------------------------
+def _forward_vmap(info, in_dims, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups,
+                  backend):
+    def run(x, w, b, g):
+        return convolution(x, w, b, stride, padding, dilation, transposed, output_padding, g, backend)
+
+    return autograd.vmap_forward(info.batch_size, in_dims[:3], input, weight, bias, groups, weight.dim() - 2, run), 0
+
+
+def _backward_vmap(info, in_dims, grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+                   output_padding, groups, output_mask, backend):
+    def run(go, x, w, g, mask):
+        sizes = None if bias_sizes is None else [bias_sizes[0] * g // groups]
+        return convolution_backward(go, x, w, sizes, stride, padding, dilation, transposed, output_padding, g,
+                                    list(mask), backend)
+
+    grads = autograd.vmap_backward(info.batch_size, in_dims[:3], grad_output, input, weight, groups, tuple(output_mask),
+                              run)
+    return tuple(input.new_empty(0) if g is None else g for g in grads), tuple(0 if g is not None else None
+                                                                               for g in grads)
+
+
+convolution.register_vmap(_forward_vmap)
+convolution_backward.register_vmap(_backward_vmap)
+
+
+# --- the traced entry points: ConvParams -> op calls -------------------------------------------------------------
+def aten_args(params: ConvParams) -> tuple:
+    return (list(params.stride), list(params.padding), list(params.dilation), params.transposed,
+            list(params.output_padding), params.groups)
+
+
+def forward(input, weight, bias, params: ConvParams, backend) -> torch.Tensor:
+    """portconv::convolution for ConvParams: padding='same''s extra high-side padding applied first, as ATen's
+    convolution_same does (the op has aten::convolution's symmetric padding)."""
+    if any(params.padding_extra):
+        input = pad_extra(input, params)
+    return convolution(input, weight, bias, *aten_args(params), "" if backend is None else str(backend))
+
+
+def backward(grad_output, input, weight, params: ConvParams, mask, backend, bias_sizes=None) -> tuple:
+    """portconv::convolution_backward for ConvParams; None where the mask is False."""
+    x = pad_extra(input, params) if any(params.padding_extra) else input
+    grads = convolution_backward(grad_output, x, weight, bias_sizes, *aten_args(params), list(mask),
+                                 "" if backend is None else str(backend))
+    gi = grads[0] if mask[0] and x is input else (unpad(grads[0], input.shape) if mask[0] else None)
+    return gi, grads[1] if mask[1] else None, grads[2] if mask[2] else None

@@ -1,0 +1,148 @@
+"""The automatic plan's policy as pure tables: which backends to prefer for a problem, and why."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+from .backends import BackendId
+from .errors import ConvError
+from .problem import Problem
+
+# Preference order per place the tensors live. Each backend may still reject a problem, with its reason. Torch
+# tensors on a GPU or the CPU follow gpu_policy / cpu_policy instead; this order is their last resort, and the
+# order of cupy and pyopencl arrays.
+ORDER = {
+    "pyopencl": (BackendId.OPENCL,),
+    "cpu": (BackendId.ATEN, BackendId.OPENCL),
+    "cuda": (BackendId.CUDNN, BackendId.CUDA, BackendId.MIOPEN, BackendId.HIP, BackendId.ATEN),
+}
+DEFAULT_ORDER = (BackendId.ATEN,)
+
+
+def candidates(problem: Problem) -> tuple[BackendId, ...]:
+    key = "pyopencl" if problem.input.kind == "pyopencl" else problem.input.device_type
+    return ORDER.get(key, DEFAULT_ORDER)
+
+
+@dataclasses.dataclass(frozen=True)
+class OwnKernelWin:
+    """A problem class where portconv's own kernels (backend) beat what ATen runs (one of ``replaces``)."""
+
+    backend: BackendId  # BackendId.CUDA on NVIDIA, BackendId.HIP on ROCm
+    replaces: tuple[str, ...]  # ATen ConvBackend names, e.g. ('CudaDepthwise2d',)
+    applies: Callable[[Problem], bool]  # pure predicate on the problem
+    what: str  # the class in words
+    evidence: str  # the measured speed-up, in one line, and where it is recorded
+
+
+# Output elements from which the depthwise row applies (Note [own kernel wins])
+OWN_DEPTHWISE_MIN_OUTPUTS = {2: 1024 * 1024, 3: 2 * 1024 * 1024}
+
+
+def _large_dense_depthwise_3tap(problem: Problem) -> bool:
+    """Depthwise, NCHW/NCDHW-contiguous, every kernel dim 3, stride 1 (or 2 in 2-D), dilation 1, at least
+    OWN_DEPTHWISE_MIN_OUTPUTS[rank] output elements."""
+    p, x = problem.params, problem.input
+    stride_ok = set(p.stride) == {1} or (p.rank == 2 and set(p.stride) == {2})
+    return (problem.is_depthwise and not p.transposed and x.memory_format == "contiguous" and x.is_contiguous()
+            and p.rank >= 2 and all(k == 3 for k in problem.weight.shape[2:]) and stride_ok
+            and set(p.dilation) == {1} and math.prod(problem.output_shape) >= OWN_DEPTHWISE_MIN_OUTPUTS[p.rank])
+
+
+# Note [own kernel wins]
+# portconv's own kernels replace ATen's choice only for a problem class measured faster per call (forward + both
+# gradients, host time included, same process as PyTorch). Smaller depthwise problems are host-bound: under 1M
+# outputs (mbv2-dw3x3-b1) the own plan measured 0.81x-1.32x per call, so 2-D starts at 1M; 3-D keeps 2M, the
+# smallest 3-D size measured. Channels-last stays with cuDNN's NHWC kernels (the own ones measured 0.91x-1.06x).
+OWN_KERNEL_WINS: tuple[OwnKernelWin, ...] = (
+    OwnKernelWin(BackendId.CUDA, ("CudaDepthwise2d", "CudaDepthwise3d"), _large_dense_depthwise_3tap,
+                 "depthwise 3x3 (>= 1M outputs) / 3x3x3 (>= 2M), stride 1 (or 2 in 2-D), NCHW",
+                 "1.15x-3.9x PyTorch per call on an H100 (docs/kernels/depthwise.md)"),
+)
+
+# Where forcing the vendor library measured slower than ATen's own native kernel (the old default did that).
+VENDOR_VIA_ATEN = "the same call through ATen's dispatch, least host time"
+NATIVE_EVIDENCE = {
+    "CudaDepthwise3d": "forcing cuDNN measured 0.18x PyTorch on dw3d-3x3x3",
+    "CudaDepthwise2d": "forcing cuDNN measured 0.46x-1.32x PyTorch on the mbv2-dw3x3 rows",
+}
+_VENDOR_NAMES = {BackendId.CUDNN: ("Cudnn", "CudnnTranspose"),
+                 BackendId.MIOPEN: ("Miopen", "MiopenTranspose", "MiopenDepthwise")}
+
+Prefs = tuple[tuple[BackendId, str], ...]
+
+
+# Note [default plan on GPUs]
+# For torch tensors on a CUDA (or ROCm) GPU the automatic plan asks the ATen model (portconv.rules) where PyTorch
+# itself would send the problem and its gradients, and runs exactly that through the aten backend: the same library
+# call made by ATen's C++ dispatch costs the least host time (H100, tiny conv2d: aten +1.8 us, cudnn +9.7 us over
+# F.conv2d). The cudnn/miopen backend is its fallback. portconv's own kernels replace ATen's choice only where
+# OWN_KERNEL_WINS has a row for the problem. portconv.tune() times every candidate instead.
+def gpu_policy(problem: Problem, ctx, wins: tuple[OwnKernelWin, ...] | None = None) -> tuple[Prefs, Prefs]:
+    """The default plan for torch tensors on a GPU, pure: ((backend, why preferred), ...) in order, and
+    ((backend, why not preferred), ...) for the others. ``ctx`` is a portconv.rules.TorchContext."""
+    from .rules import aten_answer
+
+    wins = OWN_KERNEL_WINS if wins is None else wins
+    lib = BackendId.MIOPEN if ctx.is_hip else BackendId.CUDNN
+    own = BackendId.HIP if ctx.is_hip else BackendId.CUDA
+    lib_label = "MIOpen" if ctx.is_hip else "cuDNN"
+    try:
+        fwd = aten_answer(problem, ctx)[0]
+        bwd = aten_answer(problem, ctx, need_backward=True)[0]
+    except ConvError as e:
+        return ((BackendId.ATEN, f"ATen refuses this problem ({e})"),), ()
+    routed = fwd if fwd == bwd else f"{fwd} (gradients: {bwd})"
+    for win in wins:
+        if win.backend == own and fwd in win.replaces and win.applies(problem):
+            prefer = ((own, f"OWN_KERNEL_WINS: {win.what}: {win.evidence}; ATen would run {routed}"),
+                      (BackendId.ATEN, f"fallback: ATen runs it as {routed}"))
+            return prefer, ((lib, f"OWN_KERNEL_WINS prefers portconv's {own} kernels"),)
+    if fwd in _VENDOR_NAMES[lib] and bwd in _VENDOR_NAMES[lib]:
+        why = f"ATen routes it to {lib_label} ({routed}): {VENDOR_VIA_ATEN}"
+        return ((BackendId.ATEN, why), (lib, f"fallback: the {lib} backend makes the same library call")), \
+            ((own, f"ATen routes it to {lib_label} and OWN_KERNEL_WINS has no row for it"),)
+    why = f"ATen routes it to {routed}, not {lib_label}"
+    evidence = NATIVE_EVIDENCE.get(fwd)
+    if evidence:
+        why += f"; {evidence}"
+    return ((BackendId.ATEN, f"{why}; the aten backend runs PyTorch's own kernel"),), \
+        ((lib, why), (own, f"{why}; OWN_KERNEL_WINS has no row for it"))
+
+
+def _depthwise_3d_3tap(problem: Problem) -> bool:
+    """Depthwise 3x3x3, NCDHW-contiguous, stride and dilation 1, not transposed, float32 or float64."""
+    p, x = problem.params, problem.input
+    return (problem.is_depthwise and not p.transposed and p.rank == 3 and x.is_contiguous()
+            and all(k == 3 for k in problem.weight.shape[2:]) and set(p.stride) == {1} and set(p.dilation) == {1}
+            and problem.dtype in ("float32", "float64"))
+
+
+# Note [CPU wins]
+# On torch CPU tensors the default plan is ATen's own CPU path (oneDNN or the slow kernels): PoCL's OpenCL kernels
+# lose to it on dense problems (the README's example ran 8.5x slower) and on most 2-D depthwise rows. They replace
+# ATen's choice only for a problem class measured faster per call on a CPU, host copies included, as on the GPU.
+OWN_KERNEL_WINS_CPU: tuple[OwnKernelWin, ...] = (
+    OwnKernelWin(BackendId.OPENCL, ("Mkldnn", "Slow3d"), _depthwise_3d_3tap,
+                 "depthwise 3x3x3, stride 1, NCDHW, float32/float64",
+                 "4.6x-21x PyTorch per direction on dw3d-3x3x3 (2-core Xeon, PoCL; docs/performance/cpu-pocl)"),
+)
+
+
+def cpu_policy(problem: Problem, ctx, wins: tuple[OwnKernelWin, ...] | None = None) -> tuple[Prefs, Prefs]:
+    """The default plan for torch CPU tensors, pure (as gpu_policy): ATen's CPU route unless a measured
+    OWN_KERNEL_WINS_CPU row takes the problem. ``ctx`` is a portconv.rules.TorchContext read on the CPU."""
+    from .rules import aten_answer
+
+    wins = OWN_KERNEL_WINS_CPU if wins is None else wins
+    try:
+        fwd = aten_answer(problem, ctx)[0]
+    except ConvError as e:
+        return ((BackendId.ATEN, f"ATen refuses this problem ({e})"),), ()
+    for win in wins:
+        if fwd in win.replaces and win.applies(problem):
+            return ((win.backend, f"OWN_KERNEL_WINS_CPU: {win.what}: {win.evidence}; ATen would run {fwd}"),
+                    (BackendId.ATEN, f"fallback: ATen runs it as {fwd}")), ()
+    return ((BackendId.ATEN, f"ATen's CPU route ({fwd}): faster than PoCL here (Note [CPU wins])"),), \
+        ((BackendId.OPENCL, "OWN_KERNEL_WINS_CPU has no row for this problem"),)
