@@ -12,9 +12,18 @@ def pytest_addoption(parser):
                      help="dtype(s) of the conformance run (repeatable; default float32 and float64)")
 
 
+def _parametrized(metafunc, name: str) -> bool:
+    for mark in metafunc.definition.iter_markers("parametrize"):
+        names = mark.args[0]
+        if name in ([n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)):
+            return True
+    return False
+
+
 def pytest_generate_tests(metafunc):
-    """A test that takes ``backend`` runs once per requested backend (--backend; default opencl)."""
-    if "backend" in metafunc.fixturenames:
+    """A test that takes ``backend`` (and does not parametrize it itself) runs once per requested backend
+    (--backend; default opencl)."""
+    if "backend" in metafunc.fixturenames and not _parametrized(metafunc, "backend"):
         metafunc.parametrize("backend", metafunc.config.getoption("--backend") or ["opencl"])
 
 

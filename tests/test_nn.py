@@ -36,12 +36,12 @@ def _backends():
     return out
 
 
-@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("nn_backend", _backends())
 @pytest.mark.parametrize("ours,theirs,kw,shape", CASES, ids=[f"{c[0].__name__}-{i}" for i, c in enumerate(CASES)])
-def test_module_matches_torch(ours, theirs, kw, shape, backend):
+def test_module_matches_torch(ours, theirs, kw, shape, nn_backend):
     torch.manual_seed(0)
     ref = theirs(**kw).double()
-    mod = ours(**kw, backend=backend).double()
+    mod = ours(**kw, backend=nn_backend).double()
     missing, unexpected = mod.load_state_dict(ref.state_dict())
     assert not missing and not unexpected
     assert set(mod.state_dict()) == set(ref.state_dict())
@@ -89,17 +89,17 @@ def _hook_calls(model) -> list:
     return calls
 
 
-@pytest.mark.parametrize("backend", _backends())
-def test_convert_copies_and_keeps_everything(backend):
+@pytest.mark.parametrize("nn_backend", _backends())
+def test_convert_copies_and_keeps_everything(nn_backend):
     model = _model()
     calls = _hook_calls(model)
     before = copy.deepcopy(model.state_dict())
-    ours = pnn.convert(model, backend=backend)
+    ours = pnn.convert(model, backend=nn_backend)
     assert [type(m) for m in model] == [type(m) for m in _model()]  # the model itself is unchanged
     assert type(ours[0]) is pnn.Conv2d and type(ours[5]) is pnn.ConvTranspose2d
     assert isinstance(ours[3], _KeepsForward) and isinstance(ours[3], torch.nn.Conv2d) and ours[3].tag == "kept"
     assert type(ours[4]) is _OwnForward  # a forward of its own: left alone
-    assert ours[0].padding_mode == "circular" and not ours.training and ours[0].backend == backend
+    assert ours[0].padding_mode == "circular" and not ours.training and ours[0].backend == nn_backend
     assert ours[0].weight is not model[0].weight and ours[0].weight.dtype == torch.float64
     assert list(ours.state_dict()) == list(before)
     for k, v in ours.state_dict().items():
