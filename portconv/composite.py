@@ -1,4 +1,4 @@
-"""What PyTorch composes around aten::convolution, done for portconv calls: the traced route, autocast, complex."""
+"""What PyTorch composes around aten::convolution, offered to functional.py: the traced route, autocast, complex."""
 from __future__ import annotations
 
 from . import fastpath, validate
@@ -10,14 +10,15 @@ COMPLEX = ("complex64", "complex128")
 # Note [eager and traced calls]
 # A public call takes the lean eager path (fastpath, ConvFunction) unless fastpath.special() holds: torch.compile
 # or export is tracing, a torch dispatch mode is active, autocast is on, or a functorch transform or forward-AD
-# level is active. Then convnd() and convolution() decide (convolution_backward() the same, less autocast, which
-# has no rule for aten::convolution_backward):
+# level is active. Then functional.py decides with this module's functions, for convNd and convolution alike
+# (convolution_backward the same, less autocast, which has no rule for aten::convolution_backward):
 #   traced (compiling or a dispatch mode, which is how export and make_fx trace): the custom ops of ops.py
 #     (Note [custom ops]); the tracer sees only the argument normalisation below and one op per convolution;
-#   autocast: the operands cast as ATen's autocast wrapper casts them, then the eager path;
+#   autocast: the operands cast as ATen's autocast wrapper casts them (autocast()), then the eager path;
 #   a functorch transform or forward AD: the eager path, always through ConvFunction (its jvp and vmap rules).
-# The slow path of an eager call sends to the ops what the runners cannot read: tensor subclasses that dispatch in
-# Python (FakeTensor, FunctionalTensor, ...) and legacy-vmap tensors (autograd.grad(..., is_grads_batched=True)).
+# The slow path of an eager call sends to the ops what the runners cannot read (fastpath.foreign): tensor subclasses
+# that dispatch in Python (FakeTensor, FunctionalTensor, ...) and legacy-vmap tensors
+# (autograd.grad(..., is_grads_batched=True)).
 
 
 def traced(input) -> bool:
@@ -33,16 +34,6 @@ def mode(input) -> int:
     torch = fastpath._torch
     recording = torch._C._are_functorch_transforms_active() or torch.autograd.forward_ad._current_level >= 0
     return 2 if recording and isinstance(input, torch.Tensor) else 1
-
-
-def foreign(*tensors) -> bool:
-    """Some operand is a tensor the runners cannot read: a Python-dispatch subclass or a legacy-vmap tensor."""
-    torch = fastpath._torch
-    if torch is None:
-        return False
-    c = torch._C
-    return any(isinstance(t, torch.Tensor) and (c._dispatch_keys(t).has(c.DispatchKey.Python)
-                                                or c._functorch.is_legacy_batchedtensor(t)) for t in tensors)
 
 
 def _ops():
@@ -63,29 +54,11 @@ def autocast(input, weight, bias):
     return _ops().autocast_args((input, weight, bias), device_type)
 
 
-def convnd(rank, name, input, weight, bias, stride, padding, dilation, groups, backend, transposed, output_padding):
-    """A conv1d..conv_transpose3d call made while fastpath.special() holds."""
-    from . import functional
-
-    input, weight, bias = autocast(input, weight, bias)  # before F.convNd's checks, as ATen's autocast wrapper does
-    if traced(input):
-        return traced_convnd(rank, name, input, weight, bias, stride, padding, dilation, groups, backend, transposed,
-                             output_padding)
-    return functional._convnd(rank, name, input, weight, bias, stride, padding, dilation, groups, backend,
-                              transposed, output_padding, mode(input))
-
-
-def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups, backend):
-    """A convolution() call made while fastpath.special() holds."""
-    from . import functional
-
-    input, weight, bias = autocast(input, weight, bias)
-    if traced(input):
-        params = ConvParams.make(max(weight.dim() - 2, 1), stride, padding, dilation, transposed, output_padding,
-                                 groups, weight_shape=tuple(weight.shape))
-        return traced_forward(input, weight, bias, params, backend)
-    return functional._convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
-                                   groups, backend, mode(input))
+def traced_convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups, backend):
+    """convolution() as the tracer records it: portconv::convolution."""
+    params = ConvParams.make(max(weight.dim() - 2, 1), stride, padding, dilation, transposed, output_padding, groups,
+                             weight_shape=tuple(weight.shape))
+    return traced_forward(input, weight, bias, params, backend)
 
 
 def traced_convnd(rank, name, input, weight, bias, stride, padding, dilation, groups, backend, transposed,

@@ -116,6 +116,33 @@ def from_torch_cuda(index: int) -> DeviceInfo:
                       versions=tuple(versions), index=f"cuda:{index}")
 
 
+def opencl_devices() -> list[tuple[int, int, object]]:
+    """(platform index, device index, pyopencl.Device) for every OpenCL device; raises on ICD errors. The caller
+    has pyopencl (the opencl backend imports it with the pip hint; a pyopencl array's owner has it loaded)."""
+    import pyopencl as cl
+
+    out = []
+    for pi, plat in enumerate(cl.get_platforms()):
+        try:
+            devs = plat.get_devices()
+        except cl.Error as e:  # a platform with no devices raises DEVICE_NOT_FOUND: list it as empty
+            if "DEVICE_NOT_FOUND" not in str(e):
+                raise
+            devs = []
+        out += [(pi, di, d) for di, d in enumerate(devs)]
+    return out
+
+
+def opencl_flat_index(dev) -> int:
+    """A pyopencl.Device's position in opencl_devices() (TensorSpec.device_index of pyopencl arrays), -1 if absent."""
+    return _opencl_positions().get(dev.int_ptr, -1)
+
+
+@functools.lru_cache(maxsize=1)
+def _opencl_positions() -> dict[int, int]:
+    return {dev.int_ptr: i for i, (_, _, dev) in enumerate(opencl_devices())}
+
+
 def from_opencl(dev, platform_index: int, device_index: int) -> DeviceInfo:
     """An OpenCL device (a pyopencl.Device)."""
     import pyopencl as cl

@@ -1,7 +1,9 @@
-"""The per-call cache of the public functions: a repeated call skips validation and planning (Note [fast path])."""
+"""Per call: the cache that skips validation and planning (Note [fast path]), the special-mode and tensor tests."""
 from __future__ import annotations
 
 import sys
+import types
+from collections.abc import Callable
 
 from .backends import BackendId
 from .planner import _clear_hooks, call_state
@@ -22,6 +24,11 @@ _torch = None  # the torch module once it is imported (portconv never imports it
 _tensor_types: tuple = ()
 _strided = None
 _clear_hooks.append(_entries.clear)
+_on_torch: list[Callable[[], None]] = []  # run once torch is bound: functional's registers the custom ops (ops.py)
+# The custom ops' ConvParams entry points (ops.forward, ops.backward), registered by ops.py when it is imported (it is
+# as soon as torch is bound: functional's _on_torch hook): where autograd.py, below ops.py, sends the calls the
+# runners cannot read (foreign(), Note [portconv autograd]).
+traced = types.SimpleNamespace(forward=None, backward=None)
 
 
 def _arg(v):
@@ -49,15 +56,28 @@ def _keyable_backend(backend) -> bool:
 
 
 def _init_torch():
-    """Bind the torch module once it is imported (None before): the tensor types the key accepts, and the custom ops
-    registered (ops.py) before any tracer can meet a portconv call."""
+    """Bind the torch module once it is imported (None before): the tensor types the key accepts; then the _on_torch
+    hooks run (functional's registers the custom ops, ops.py, before any tracer can meet a portconv call)."""
     global _torch, _tensor_types, _strided
     torch = sys.modules.get("torch")
     if torch is not None and _torch is None:
         _tensor_types, _strided = (torch.Tensor, torch.nn.Parameter), torch.strided
         _torch = torch
-        from . import ops  # noqa: F401 - registers portconv::convolution(_backward)
+        for hook in _on_torch:
+            hook()
     return torch
+
+
+def on_torch(hook: Callable[[], None]) -> None:
+    """Run ``hook()`` once torch is bound here (_init_torch), or now when it already is."""
+    _on_torch.append(hook)
+    if _torch is not None:
+        hook()
+
+
+def register_traced(forward, backward) -> None:
+    """ops.py's entry points for ConvParams: the route of calls on tensors the runners cannot read (``traced``)."""
+    traced.forward, traced.backward = forward, backward
 
 
 def special() -> bool:
@@ -71,6 +91,16 @@ def special() -> bool:
     c = torch._C
     return bool(c._is_any_autocast_enabled() or c._are_functorch_transforms_active()
                 or c._len_torch_dispatch_stack() or torch.autograd.forward_ad._current_level >= 0)
+
+
+def foreign(*tensors) -> bool:
+    """Some operand is a tensor the runners cannot read: a Python-dispatch subclass or a legacy-vmap tensor."""
+    torch = _torch
+    if torch is None:
+        return False
+    c = torch._C
+    return any(isinstance(t, torch.Tensor) and (c._dispatch_keys(t).has(c.DispatchKey.Python)
+                                                or c._functorch.is_legacy_batchedtensor(t)) for t in tensors)
 
 
 def key(name, input, weight, bias, args: tuple, backend) -> tuple | None:

@@ -5,29 +5,14 @@ from collections.abc import Sequence
 
 from . import composite, fastpath, validate
 from .params import ConvParams
-from .planner import Plan, select
-from .problem import Problem
+from .planner import Plan, backward_problem, make_problem, params_of, prepare, select
 from .tensors import spec_of
-
-
-def make_problem(input, weight, bias, params: ConvParams) -> Problem:
-    """Validate (PyTorch's checks and texts) and describe one batched problem. Runs no kernel."""
-    ispec, wspec = spec_of(input), spec_of(weight)
-    bspec = None if bias is None else spec_of(bias)
-    validate.check_forward(ispec, wspec, bspec, params)
-    return Problem(params=params, input=ispec, weight=wspec, has_bias=bias is not None)
-
-
-def _params(weight, stride, padding, dilation, transposed, output_padding, groups, backward=False) -> ConvParams:
-    shape = spec_of(weight).shape  # make() raises PyTorch's "weight should have at least three dimensions"
-    return ConvParams.make(max(len(shape) - 2, 1), stride, padding, dilation, transposed, output_padding, groups,
-                           weight_shape=shape, backward=backward)
 
 
 def plan(input, weight, bias=None, stride=1, padding=0, dilation=1, transposed=False, output_padding=0, groups=1,
          backend=None) -> Plan:
     """The plan portconv would use for this convolution (batched or unbatched input), without running it."""
-    params = _params(weight, stride, padding, dilation, transposed, output_padding, groups)
+    params = params_of(weight, stride, padding, dilation, transposed, output_padding, groups)
     ispec = spec_of(input)
     if ispec.dim == params.rank + 1:
         input = input[None]
@@ -62,14 +47,6 @@ def _execute(p: Plan | None, input, weight, bias, params: ConvParams, mode: int 
     return p.runner.forward(input, weight, bias)
 
 
-def _prepare(input, weight, bias, params: ConvParams, backend, state=None) -> Plan | None:
-    """Validate and plan one batched call; None for ATen's Empty problems (no kernel runs)."""
-    problem = make_problem(input, weight, bias, params)
-    if validate.is_empty_problem(problem):
-        return None
-    return select(problem, backend, state)
-
-
 def convolution(input, weight, bias=None, stride: Sequence[int] = (1,), padding: Sequence[int] = (0,),
                 dilation: Sequence[int] = (1,), transposed: bool = False, output_padding: Sequence[int] = (0,),
                 groups: int = 1, backend=None):
@@ -80,22 +57,25 @@ def convolution(input, weight, bias=None, stride: Sequence[int] = (1,), padding:
 def _convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups, backend,
                  mode: int = 0):
     if mode == 0 and fastpath.special():  # Note [eager and traced calls]
-        return composite.convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
-                                     groups, backend)
+        input, weight, bias = composite.autocast(input, weight, bias)
+        if composite.traced(input):
+            return composite.traced_convolution(input, weight, bias, stride, padding, dilation, transposed,
+                                                output_padding, groups, backend)
+        mode = composite.mode(input)
     key = fastpath.key("convolution", input, weight, bias, (stride, padding, dilation, transposed, output_padding,
                                                            groups), backend)
     hit = fastpath.get(key)
     if hit is not None:  # Note [fast path]
         return _execute(hit[0], input, weight, bias, hit[1], mode)
-    if composite.foreign(input, weight, bias):
-        return composite.traced_forward(input, weight, bias, _params(weight, stride, padding, dilation, transposed,
-                                                                     output_padding, groups), backend)
-    params = _params(weight, stride, padding, dilation, transposed, output_padding, groups)
+    if fastpath.foreign(input, weight, bias):
+        return composite.traced_forward(input, weight, bias, params_of(weight, stride, padding, dilation, transposed,
+                                                                       output_padding, groups), backend)
+    params = params_of(weight, stride, padding, dilation, transposed, output_padding, groups)
     if spec_of(input).dtype in composite.COMPLEX:  # Note [complex convolution]
         return composite.complex_conv(lambda x, w, b: _convolution(x, w, b, stride, padding, dilation, transposed,
                                                                    output_padding, groups, backend, mode or 1),
                                       input, weight, bias)
-    p = _prepare(input, weight, bias, params, backend, None if key is None else key[-1])
+    p = prepare(input, weight, bias, params, backend, None if key is None else key[-1])
     fastpath.put(key, (p, params))
     return _execute(p, input, weight, bias, params, mode)
 
@@ -113,13 +93,12 @@ def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding
             return composite.traced_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
                                              transposed, output_padding, groups, output_mask, backend)
         mode = composite.mode(input)
-    if composite.foreign(grad_output, input, weight):
+    if fastpath.foreign(grad_output, input, weight):
         return composite.traced_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
                                          transposed, output_padding, groups, output_mask, backend)
-    params = _params(weight, stride, padding, dilation, transposed, output_padding, groups, backward=True)
-    problem = make_problem(input, weight, None, params)
+    params = params_of(weight, stride, padding, dilation, transposed, output_padding, groups, backward=True)
     bias_sizes = None if bias_sizes is None else [int(s) for s in bias_sizes]
-    validate.check_backward(spec_of(grad_output), problem, bias_sizes, output_mask)
+    problem = backward_problem(grad_output, input, weight, params, bias_sizes, output_mask)
     mask = tuple(bool(m) for m in output_mask)
     if validate.is_empty_problem(problem):
         return validate.empty_backward(grad_output, input, weight, params, mask, bias_sizes)
@@ -134,15 +113,18 @@ def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding
 def _convnd(rank: int, name: str, input, weight, bias, stride, padding, dilation, groups, backend,
             transposed=False, output_padding=0, mode: int = 0):
     if mode == 0 and fastpath.special():  # Note [eager and traced calls]
-        return composite.convnd(rank, name, input, weight, bias, stride, padding, dilation, groups, backend,
-                                transposed, output_padding)
+        input, weight, bias = composite.autocast(input, weight, bias)  # before F.convNd's checks, as ATen's does
+        if composite.traced(input):
+            return composite.traced_convnd(rank, name, input, weight, bias, stride, padding, dilation, groups, backend,
+                                           transposed, output_padding)
+        mode = composite.mode(input)
     key = fastpath.key(name, input, weight, bias, (stride, padding, dilation, groups, output_padding), backend)
     hit = fastpath.get(key)
     if hit is not None:  # Note [fast path]
         if hit[2]:
             return _execute(hit[0], input, weight, bias, hit[1], mode)
         return _execute(hit[0], input[None], weight, bias, hit[1], mode)[0]
-    if composite.foreign(input, weight, bias):
+    if fastpath.foreign(input, weight, bias):
         return composite.traced_convnd(rank, name, input, weight, bias, stride, padding, dilation, groups, backend,
                                        transposed, output_padding)
     if not transposed and not isinstance(padding, str):  # conv1d/2d/3d check the bias dtype first
@@ -156,7 +138,7 @@ def _convnd(rank: int, name: str, input, weight, bias, stride, padding, dilation
         input = input[None]
     params = ConvParams.make(rank, stride, padding, dilation, transposed, output_padding, groups,
                              weight_shape=spec_of(weight).shape, input_shape=spec_of(input).shape)
-    p = _prepare(input, weight, bias, params, backend, None if key is None else key[-1])
+    p = prepare(input, weight, bias, params, backend, None if key is None else key[-1])
     fastpath.put(key, (p, params, is_batched))
     out = _execute(p, input, weight, bias, params, mode)
     return out if is_batched else out[0]
@@ -192,4 +174,9 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
                    True, output_padding)
 
 
-fastpath._init_torch()  # with torch already imported: the custom ops registered before any tracer meets a call
+def _register_ops() -> None:
+    from . import ops  # noqa: F401 - registers portconv::convolution(_backward) (Note [custom ops])
+
+
+fastpath.on_torch(_register_ops)  # the custom ops registered as soon as torch is, before any tracer meets a call
+fastpath._init_torch()  # with torch already imported: bound (and the ops registered) now

@@ -5,7 +5,7 @@ import dataclasses
 
 import torch
 
-from . import autograd, fastpath, functional, validate
+from . import derivatives, fastpath, planner, validate
 from .backends.torchlib import pad_extra, torch_format, unpad
 from .params import ConvParams
 from .tensors import TensorSpec, dense_strides, spec_of
@@ -29,7 +29,8 @@ from .tensors import TensorSpec, dense_strides, spec_of
 # CUDA graphs (mode="reduce-overhead"): the real kernels allocate every result and workspace through torch's
 # allocator, launch on torch's current stream and never synchronise the host, and keep no tensor between calls;
 # plan lookup and kernel compilation happen in the warm-up run that precedes capture, and the captured graph
-# replays only the launches.
+# replays only the launches. forward() and backward() at the end take ConvParams: composite.py's traced route, and
+# autograd.py's for tensors the runners cannot read (through fastpath.traced, registered here: autograd is below).
 _FWD = ("(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation, "
         "bool transposed, SymInt[] output_padding, SymInt groups, str backend) -> Tensor")
 _BWD = ("(Tensor grad_output, Tensor input, Tensor weight, SymInt[]? bias_sizes, SymInt[] stride, "
@@ -71,8 +72,8 @@ def _forward_plan(input, weight, bias, args: tuple, backend: str):
     key = fastpath.key(("op", *map(_ints, args)), input, weight, bias, (), request)
     hit = fastpath.get(key)
     if hit is None:
-        params = functional._params(weight, *args)
-        hit = (functional._prepare(input, weight, bias, params, request, None if key is None else key[-1]), params)
+        params = planner.params_of(weight, *args)
+        hit = (planner.prepare(input, weight, bias, params, request, None if key is None else key[-1]), params)
         fastpath.put(key, hit)
     return hit
 
@@ -85,13 +86,12 @@ def _backward_plan(grad_output, input, weight, bias_sizes, args: tuple, mask, ba
     key = fastpath.key(name, input, weight, grad_output, (), request)
     hit = fastpath.get(key)
     if hit is None:
-        params = functional._params(weight, *args, backward=True)
-        problem = functional.make_problem(input, weight, None, params)
+        params = planner.params_of(weight, *args, backward=True)
         sizes = None if bias_sizes is None else [int(s) for s in bias_sizes]
-        validate.check_backward(spec_of(grad_output), problem, sizes, mask)
+        problem = planner.backward_problem(grad_output, input, weight, params, sizes, mask)
         if sizes is not None:
             problem = dataclasses.replace(problem, has_bias=True)  # the forward's problem: its plan
-        p = None if validate.is_empty_problem(problem) else functional.select(problem, request)
+        p = None if validate.is_empty_problem(problem) else planner.select(problem, request)
         hit = (p, params, sizes)
         fastpath.put(key, hit)
     return hit
@@ -164,7 +164,7 @@ def _plan_format(problem, backend: str) -> str:
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     with unset_fake_temporarily():
-        return functional.select(problem, _request(backend)).memory_format
+        return planner.select(problem, _request(backend)).memory_format
 
 
 def _make_problem(ispec, wspec, has_bias: bool, params: ConvParams):
@@ -236,21 +236,15 @@ def _backward_setup(ctx, inputs, output):
 def _backward_backward(ctx, ggi, ggw, ggb):
     go, x, w = ctx.saved_tensors
     ggi, ggw, ggb = (g if m else None for g, m in zip((ggi, ggw, ggb), ctx.mask))
-    need, args, backend = ctx.needs_input_grad, ctx.args, ctx.backend
-    ggo = gi = gw = None
-    if need[0]:
-        terms = []
-        if ggi is not None:
-            terms.append(convolution(ggi, w, None, *args, backend))
-        if ggw is not None:
-            terms.append(convolution(x, ggw, None, *args, backend))
-        if ggb is not None:
-            terms.append(ggb.reshape(1, -1, *(1,) * (go.dim() - 2)).expand(go.shape))
-        ggo = sum(terms[1:], terms[0]) if terms else None
-    if need[1] and ggw is not None:
-        gi = convolution_backward(go, x, ggw, None, *args, [True, False, False], backend)[0]
-    if need[2] and ggi is not None:
-        gw = convolution_backward(go, ggi, w, None, *args, [False, True, False], backend)[1]
+    args, backend = ctx.args, ctx.backend
+
+    def conv(x, w):
+        return convolution(x, w, None, *args, backend)
+
+    def conv_backward(go, x, w, mask):
+        return convolution_backward(go, x, w, None, *args, list(mask), backend)
+
+    ggo, gi, gw = derivatives.double_backward(go, x, w, ggi, ggw, ggb, ctx.needs_input_grad, conv, conv_backward)
     return (ggo, gi, gw) + (None,) * 9
 
 
@@ -296,7 +290,7 @@ def _forward_vmap(info, in_dims, input, weight, bias, stride, padding, dilation,
     def run(x, w, b, g):
         return convolution(x, w, b, stride, padding, dilation, transposed, output_padding, g, backend)
 
-    return autograd.vmap_forward(info.batch_size, in_dims[:3], input, weight, bias, groups, weight.dim() - 2, run), 0
+    return derivatives.vmap_forward(info.batch_size, in_dims[:3], input, weight, bias, groups, weight.dim() - 2, run), 0
 
 
 def _backward_vmap(info, in_dims, grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
@@ -306,8 +300,8 @@ def _backward_vmap(info, in_dims, grad_output, input, weight, bias_sizes, stride
         return convolution_backward(go, x, w, sizes, stride, padding, dilation, transposed, output_padding, g,
                                     list(mask), backend)
 
-    grads = autograd.vmap_backward(info.batch_size, in_dims[:3], grad_output, input, weight, groups, tuple(output_mask),
-                              run)
+    grads = derivatives.vmap_backward(info.batch_size, in_dims[:3], grad_output, input, weight, groups,
+                                      tuple(output_mask), run)
     return tuple(input.new_empty(0) if g is None else g for g in grads), tuple(0 if g is not None else None
                                                                                for g in grads)
 
@@ -337,3 +331,6 @@ def backward(grad_output, input, weight, params: ConvParams, mask, backend, bias
                                  "" if backend is None else str(backend))
     gi = grads[0] if mask[0] and x is input else (unpad(grads[0], input.shape) if mask[0] else None)
     return gi, grads[1] if mask[1] else None, grads[2] if mask[2] else None
+
+
+fastpath.register_traced(forward, backward)  # autograd's route for what the runners cannot read (Note [custom ops])

@@ -9,14 +9,16 @@ import threading
 from collections.abc import Callable
 
 from . import backends as _backends
-from . import knobs, policy
+from . import knobs, policy, validate
 from .backends import BackendId, Choice, Runner
 from .backends.program import RESULTS, KernelPlan
 from .device import DeviceInfo
 from .errors import BackendUnavailable, Unsupported
 from .knobs import Options
+from .params import ConvParams
 from .problem import Problem
 from .rules.context import torch_flags
+from .tensors import spec_of
 
 _forced: contextvars.ContextVar[BackendId | None] = contextvars.ContextVar("portconv_forced", default=None)
 _tuning: contextvars.ContextVar[bool | None] = contextvars.ContextVar("portconv_tuning", default=None)
@@ -244,3 +246,34 @@ def _attempt(problem: Problem, bid: BackendId, why: str, disabled, options: Opti
 
 def dedup(rejected) -> tuple[tuple[str, str], ...]:
     return tuple(dict.fromkeys(rejected))
+
+
+# --- one call, validated and planned: what functional.py, autograd.py and ops.py share -----------------------------
+def make_problem(input, weight, bias, params: ConvParams) -> Problem:
+    """Validate (PyTorch's checks and texts) and describe one batched problem. Runs no kernel."""
+    ispec, wspec = spec_of(input), spec_of(weight)
+    bspec = None if bias is None else spec_of(bias)
+    validate.check_forward(ispec, wspec, bspec, params)
+    return Problem(params=params, input=ispec, weight=wspec, has_bias=bias is not None)
+
+
+def params_of(weight, stride, padding, dilation, transposed, output_padding, groups, backward=False) -> ConvParams:
+    """aten::convolution's arguments as ConvParams, the rank taken from the weight."""
+    shape = spec_of(weight).shape  # make() raises PyTorch's "weight should have at least three dimensions"
+    return ConvParams.make(max(len(shape) - 2, 1), stride, padding, dilation, transposed, output_padding, groups,
+                           weight_shape=shape, backward=backward)
+
+
+def prepare(input, weight, bias, params: ConvParams, backend, state=None) -> Plan | None:
+    """Validate and plan one batched call; None for ATen's Empty problems (no kernel runs)."""
+    problem = make_problem(input, weight, bias, params)
+    if validate.is_empty_problem(problem):
+        return None
+    return select(problem, backend, state)
+
+
+def backward_problem(grad_output, input, weight, params: ConvParams, bias_sizes, mask) -> Problem:
+    """The problem (no bias) of one convolution_backward call, after PyTorch's checks of it and its texts."""
+    problem = make_problem(input, weight, None, params)
+    validate.check_backward(spec_of(grad_output), problem, bias_sizes, mask)
+    return problem

@@ -134,9 +134,9 @@ def _opencl_device(x):
 
 def _opencl_index(x) -> int:
     """A pyopencl array's device as its position among all OpenCL devices."""
-    from .backends.opencl.runtime import flat_index
+    from .device import opencl_flat_index
 
-    return flat_index(_opencl_device(x))
+    return opencl_flat_index(_opencl_device(x))
 
 
 def array_key(x) -> tuple | None:

@@ -1,7 +1,7 @@
 """Registers, spills and shared memory of portconv's CUDA kernels as NVRTC builds them at run time, without a GPU.
 
-NVRTC's register counts can differ from an offline nvcc build of the same source (docs/performance/
-notes-depthwise-v3.md "v7", "v8"), and what runs is NVRTC's. This asks libnvrtc (pip install nvidia-cuda-nvrtc, the
+NVRTC's register counts can differ from an offline nvcc build of the same source (docs/kernels/depthwise.md), and
+what runs is NVRTC's. This asks libnvrtc (pip install nvidia-cuda-nvrtc, the
 version the device's CuPy loads) for the ptxas report of one entry, with the options portconv's KernelSet passes.
 
     python scripts/nvrtc_regs.py depthwise.cu sm_90 PC_DTYPE=3 [PC_DWT_FWIN=1 ...] [--match fwd_tile_s1]

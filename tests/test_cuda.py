@@ -700,11 +700,11 @@ def test_cupy_arrays_in_and_out(gpu, monkeypatch):
     assert isinstance(y, cupy.ndarray) and y.device.id == gpu.index
     assert_close(torch.from_numpy(cupy.asnumpy(y)), reference(x, w, b, p, torch.zeros(1, 12, 6, 6))[0],
                  torch.float32, "cupy output")
-    from portconv import fastpath, functional  # Note [fast path]: a repeated call runs the cached plan, same numbers
+    from portconv import fastpath, planner  # Note [fast path]: a repeated call runs the cached plan, same numbers
 
     assert fastpath.get(fastpath.key("conv2d", xc, wc, bc, (2, 1, 1, 1, 0), "cuda")) is not None
     for name in ("make_problem", "select"):
-        monkeypatch.setattr(functional, name, lambda *a, **k: pytest.fail("validated and planned again"))
+        monkeypatch.setattr(planner, name, lambda *a, **k: pytest.fail("validated and planned again"))
     y2 = portconv.conv2d(xc, wc, bc, padding=1, stride=2, backend="cuda")
     assert isinstance(y2, cupy.ndarray) and bool((y2 == y).all())
     monkeypatch.undo()  # convolution_backward validates every call (no fast path)

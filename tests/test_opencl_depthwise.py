@@ -357,7 +357,7 @@ def test_fast_path_on_pyopencl_arrays(monkeypatch):
     import numpy as np
     import pyopencl.array as cla
 
-    from portconv import fastpath, functional
+    from portconv import fastpath, planner
     from portconv.backends.program import ProgramRunner
 
     x, w, b, p = dw_case((4, 12, 16), (3, 3), n=2)
@@ -373,8 +373,8 @@ def test_fast_path_on_pyopencl_arrays(monkeypatch):
         raise AssertionError("validated and planned again")
 
     with monkeypatch.context() as m:  # (undo() would also drop the autouse fixture's settings, part of the key)
-        m.setattr(functional, "make_problem", again)
-        m.setattr(functional, "select", again)
+        m.setattr(planner, "make_problem", again)
+        m.setattr(planner, "select", again)
         for _ in range(2):
             y, y0 = portconv.conv2d(xa, wa, ba, **kw), portconv.conv2d(xa[0], wa, ba, **kw)
             check(_to_torch(y), ref, torch.float32, "cached output")

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import portconv
-from portconv import fastpath, functional, knobs
+from portconv import fastpath, knobs, planner
 from portconv.backends import BackendId
 from portconv.backends.aten import AtenRunner
 from portconv.params import ConvParams
@@ -206,8 +206,8 @@ def test_fast_path_skips_checks_and_planning_and_returns_the_same_plan(fresh, mo
     def again(*a, **k):
         raise AssertionError("validated and planned again")
 
-    monkeypatch.setattr(functional, "make_problem", again)
-    monkeypatch.setattr(functional, "select", again)
+    monkeypatch.setattr(planner, "make_problem", again)
+    monkeypatch.setattr(planner, "select", again)
     for _ in range(3):
         assert torch.equal(portconv.conv2d(x, w, b, padding=1, backend="aten"), want)
         assert torch.allclose(portconv.conv2d(x[0], w, b, padding=1, backend="aten"), want[0], atol=1e-5)

@@ -100,6 +100,7 @@ def main(a) -> int:
     from . import report as _report
     from .overhead import overhead
     from .runner import Options, run
+    from .settings import check_device
     from .suite import parse_directions
 
     def log(msg):
@@ -118,7 +119,7 @@ def main(a) -> int:
         if a.runs < 1 or a.min_runs < 1:
             raise ValueError("--runs and --min-runs must be at least 1")
         names = None if not a.backend else [s for s in a.backend.split(",") if s.strip()]
-        _check_device(a.device)
+        check_device(a.device)
         opts = Options(runs=a.runs, min_runs=min(a.min_runs, a.runs), warmup=a.warmup, warmup_s=a.warmup_seconds,
                        budget_s=a.cell_seconds or None, directions=directions, backends=names, device=a.device,
                        torch_variants=not a.no_torch_variants, peaks=not a.no_peaks,
@@ -156,20 +157,6 @@ def main(a) -> int:
         return EXIT_FAIL
     return EXIT_OK
 
-
-def _check_device(device: str | None) -> None:
-    import torch
-
-    if device is None:
-        return
-    try:
-        dev = torch.device(device)
-    except RuntimeError as e:
-        raise ValueError(f"--device {device!r}: {e}") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {device!r}: this PyTorch ({torch.__version__}) sees no CUDA device")
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device {device!r}: the bench runs on 'cpu' or 'cuda' devices")
 
 
 def _partial(rep: dict, out: str) -> None:

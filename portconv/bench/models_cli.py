@@ -104,15 +104,15 @@ def _resume(a, specs, opts) -> dict | None:
 def main(a) -> int:
     from ..errors import BackendUnavailable
     from . import models_report
-    from .cli import _check_device
     from .models_first import run_first
     from .models_run import run
+    from .settings import check_device
 
     def log(msg):
         if not a.quiet:
             print(msg, file=sys.stderr, flush=True)
     try:
-        _check_device(a.device)
+        check_device(a.device)
         specs, opts = options(a, log)
         old = _resume(a, specs, opts)
     except (ValueError, BackendUnavailable, ImportError, AttributeError) as e:

@@ -141,3 +141,18 @@ def environment() -> dict:
             # the knobs as set, and the options in force, so a report says which kernels it timed
             "knobs": knobs.raw(), "options": knobs.options().describe(),
             "torch_flags": torch_flags()}
+
+def check_device(device: str | None) -> None:
+    """--device checked: a torch device of type cpu or cuda that this torch can reach (ValueError otherwise)."""
+    import torch
+
+    if device is None:
+        return
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"--device {device!r}: {e}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device!r}: this PyTorch ({torch.__version__}) sees no CUDA device")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {device!r}: the bench runs on 'cpu' or 'cuda' devices")

@@ -90,8 +90,8 @@ def plan_for(case: _cases.Case, inputs: Inputs, backend: str | None):
 
 def _warm_up(case: _cases.Case, dtype: str, device: torch.device, backend: str, poison: bool) -> None:
     """Note [checked call is the second]: one forward and backward on other tensors of the same layouts first, so
-    the checked calls take the path a training loop takes (functional's fast path, the backends' per-plan caches
-    and replayed launches, Note [replayed launches]). Errors are left to the checked calls, which raise them again."""
+    the checked calls take the path a training loop takes (functional's fast path, the plan's runner with its loaded
+    programs, Note [programs]). Errors are left to the checked calls, which raise them again."""
     other = make_inputs(case, dtype, device, output_shape(case), fill=False)
     args = case.conv_args()
     with poisoned(poison):

@@ -5,6 +5,8 @@
 # json:    portconv conform --json per GPU backend (JSON_BACKENDS, default "cuda cudnn hip opencl")
 # explain: portconv explain --suite for auto and each GPU backend
 # torch:   the torch-integration tests (compile, CUDA graphs, autocast, higher-order AD, convert) on the GPU backends
+# overhead: per-call host cost (forward, and forward + backward through autograd) of every backend against PyTorch
+# models:  portconv bench --models (training steps, PyTorch against convert(); MODELS_ARGS adds flags, e.g. a subset)
 # bench:   portconv bench of every suite row and backend, held stream (BENCH_ARGS adds flags)
 # before:  the same bench of the tree in .base (an older commit's portconv/ and kernels), first, in this call
 # Results land in $OUT: reports.tgz (every log and report), bench/ and bench-before/ (json, md, png).
@@ -38,6 +40,15 @@ bench() {  # bench <out folder> <tree to run from> <cache dir>: python -m puts t
     --backend all ${BENCH_ARGS:-} --out "$OUT/$1" > "$R/$1.txt" 2>&1 )
   echo "== $1 rc=$? ($(cd "$2" && python3 -c "import portconv; print(portconv.__file__)"))"; tail -3 "$R/$1.txt"
 }
+if has overhead; then
+  PORTCONV_OPENCL_DEVICE=gpu timeout 200 python3 -m portconv.bench --rows mbv2-dw3x3-b1 --directions fwd --runs 20 \
+    --cell-seconds 1 --no-torch-variants --backend opencl,cuda,hip,cudnn,aten,auto --overhead --out "$OUT/overhead" \
+    > "$R/overhead.txt" 2>&1; echo "== overhead rc=$?"; grep -A40 -i "overhead" "$R/overhead.txt" | tail -40
+fi
+if has models; then
+  timeout ${MODELS_TIMEOUT:-400} python3 -m portconv.bench --models ${MODELS_ARGS:-} --resume --out "$OUT/models" \
+    > "$R/models.txt" 2>&1; echo "== models rc=$?"; tail -40 "$R/models.txt"
+fi
 if has before; then bench bench-before "$PWD/.base" /tmp/cache-before; fi
 if has bench; then bench bench "$PWD" /tmp/cache-after; fi
 export PORTCONV_CACHE_DIR=/tmp/portconv-cache
@@ -55,7 +66,7 @@ if has tox; then  # the three device envs side by side (16 cores, one GPU)
   done
 fi
 if has torch; then
-  timeout 560 python3 -m pytest -q -p no:cacheprovider -W ignore --backend cuda --backend cudnn --backend hip \
+  timeout ${TORCH_TIMEOUT:-560} python3 -m pytest -q -p no:cacheprovider -W ignore --backend cuda --backend cudnn --backend hip \
     tests/test_compile.py tests/test_autograd.py tests/test_nn.py > "$R/pytest-torch.txt" 2>&1 & pids+=($!)
 fi
 if has explain; then

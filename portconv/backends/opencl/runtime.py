@@ -8,7 +8,7 @@ import re
 import threading
 
 from ... import knobs, sources
-from ...device import Availability, DeviceInfo
+from ...device import Availability, DeviceInfo, opencl_devices
 from ...errors import Unsupported, VendorImportError
 from ..program import Module
 
@@ -37,17 +37,8 @@ def cl():
 
 def all_devices() -> list[tuple[int, int, object]]:
     """(platform index, device index, pyopencl.Device) for every OpenCL device; raises on ICD errors."""
-    mod = cl()
-    out = []
-    for pi, plat in enumerate(mod.get_platforms()):
-        try:
-            devs = plat.get_devices()
-        except mod.Error as e:  # a platform with no devices raises DEVICE_NOT_FOUND: list it as empty
-            if "DEVICE_NOT_FOUND" not in str(e):
-                raise
-            devs = []
-        out += [(pi, di, d) for di, d in enumerate(devs)]
-    return out
+    cl()  # VendorImportError with the pip hint when pyopencl is missing
+    return opencl_devices()
 
 
 # Simulators claim every device type (Oclgrind reports CPU|GPU|ACCELERATOR): only chosen by name or index.
@@ -156,14 +147,6 @@ def default_index() -> tuple[int, int]:
     return pd
 
 
-def flat_index(device) -> int:
-    """Position of a pyopencl.Device in all_devices() (TensorSpec.device_index of pyopencl arrays)."""
-    return _flat_positions().get(device.int_ptr, -1)
-
-
-@functools.lru_cache(maxsize=1)
-def _flat_positions() -> dict[int, int]:
-    return {dev.int_ptr: i for i, (_, _, dev) in enumerate(all_devices())}
 
 
 @functools.cache
