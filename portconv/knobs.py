@@ -190,6 +190,17 @@ def use_options(**fields):
         _options.reset(token)
 
 
+def child_environ(cache_dir: str | None = None, **other: str) -> dict[str, str]:
+    """The environment of a child process (a fresh-process measurement): this one's, without PORTCONV_POISON (a NaN
+    fill would be timed), with PORTCONV_CACHE_DIR set to ``cache_dir`` when given and the ``other`` variables set."""
+    env = dict(os.environ)
+    env.pop("PORTCONV_POISON", None)
+    if cache_dir is not None:
+        env["PORTCONV_CACHE_DIR"] = cache_dir
+    env.update(other)
+    return env
+
+
 def raw() -> dict[str, str | None]:
     """Every knob's raw environment value (None when unset), for reports."""
     return {k.name: os.environ.get(k.name) for k in KNOBS}

@@ -153,7 +153,7 @@ def test_settings_surface_find_mode_and_db_path(monkeypatch):
     monkeypatch.delenv("MIOPEN_USER_DB_PATH", raising=False)
     rows = {name: (value, meaning) for name, value, meaning in miopen.miopen_settings()}
     assert rows["MIOPEN_FIND_MODE"][0] == "FAST"
-    assert rows["MIOPEN_USER_DB_PATH"] == ("(unset)", miopen.MIOPEN_ENV["MIOPEN_USER_DB_PATH"])
+    assert rows["MIOPEN_USER_DB_PATH"] == ("(unset)", miopen.MIOPEN_VARIABLES["MIOPEN_USER_DB_PATH"])
     assert "PYTORCH_MIOPEN_SUGGEST_NHWC" in rows and "torch.backends.cudnn.benchmark" in rows
     assert all(meaning for _, meaning in rows.values())
 

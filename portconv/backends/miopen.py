@@ -16,7 +16,7 @@ _MIOPEN_BACKENDS = {"Miopen": "miopen_convolution", "MiopenDepthwise": "miopen_d
 
 # Note [MIOpen knobs]: MIOpen reads these itself (PyTorch passes none of them through), so portconv only reports
 # them: `portconv devices` prints miopen_settings(), docs/kernels/hip.md explains them.
-MIOPEN_ENV = {
+MIOPEN_VARIABLES = {
     "MIOPEN_FIND_MODE": ("how MIOpen's Find picks a solution: NORMAL/1 (full benchmark), FAST/2 (find-db, else "
                          "immediate fallback), HYBRID/3, DYNAMIC_HYBRID/5 (MIOpen's default)"),
     "MIOPEN_FIND_ENFORCE": "NONE/1, DB_UPDATE/2, SEARCH/3, SEARCH_DB_UPDATE/4, DB_CLEAN/5: tuning behaviour",
@@ -31,7 +31,7 @@ MIOPEN_ENV = {
 
 def miopen_settings() -> list[tuple[str, str, str]]:
     """(name, value or '(unset)', meaning) of every MIOpen knob, plus PyTorch's MIOpen flags when torch is ROCm."""
-    rows = [(k, os.environ.get(k, "(unset)"), v) for k, v in MIOPEN_ENV.items()]
+    rows = [(k, os.environ.get(k, "(unset)"), v) for k, v in MIOPEN_VARIABLES.items()]
     import torch
 
     mi = getattr(torch.backends, "miopen", None)

@@ -10,6 +10,7 @@ import sys
 import tempfile
 import time
 
+from .. import knobs
 from . import models, models_run, settings
 
 MARK = "MODELS-JSON "
@@ -26,12 +27,9 @@ _CHILD = "import time; t0 = time.perf_counter(); from portconv.bench.models_firs
 # the warm one, the same command again, finds what the cold one left: PyTorch's side gets the same treatment, so its
 # compiled mode is warm too. The step is the one the timed bench runs (same init, data, optimizer, precision).
 def child_env(tmp: str) -> dict:
-    env = dict(os.environ)
-    env.pop("PORTCONV_POISON", None)
-    for var, sub in (("PORTCONV_CACHE_DIR", "portconv"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
-                     ("TRITON_CACHE_DIR", "triton"), ("CUPY_CACHE_DIR", "cupy"), ("POCL_CACHE_DIR", "pocl"),
-                     ("CUDA_CACHE_PATH", "cuda")):
-        env[var] = os.path.join(tmp, sub)
+    caches = (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton"), ("CUPY_CACHE_DIR", "cupy"),
+              ("POCL_CACHE_DIR", "pocl"), ("CUDA_CACHE_PATH", "cuda"))
+    env = knobs.child_environ(os.path.join(tmp, "portconv"), **{var: os.path.join(tmp, sub) for var, sub in caches})
     # the child imports what this process imports (portconv from a checkout, a test module's model spec)
     root = str(pathlib.Path(__file__).resolve().parents[2])
     paths = [root] + [os.path.abspath(p or os.curdir) for p in sys.path if os.path.isdir(p or os.curdir)]

@@ -8,6 +8,7 @@ import sys
 import tempfile
 import time
 
+from .. import knobs
 from ..errors import Unsupported
 from .timing import Stats
 
@@ -194,9 +195,8 @@ def first_call_times(backend: str | None, device: str, timeout: float = 600) -> 
     """
     out = {}
     with tempfile.TemporaryDirectory(prefix="portconv-bench-") as tmp:
-        env = dict(os.environ, PORTCONV_CACHE_DIR=os.path.join(tmp, "portconv"),
-                   POCL_CACHE_DIR=os.path.join(tmp, "pocl"), CUPY_CACHE_DIR=os.path.join(tmp, "cupy"))
-        env.pop("PORTCONV_POISON", None)
+        env = knobs.child_environ(os.path.join(tmp, "portconv"), POCL_CACHE_DIR=os.path.join(tmp, "pocl"),
+                                  CUPY_CACHE_DIR=os.path.join(tmp, "cupy"))
         for label in ("cold", "warm"):
             t0 = time.perf_counter()
             try:
