@@ -42,9 +42,9 @@ def _execute(p: Plan | None, input, weight, bias, params: ConvParams, mode: int 
         from .autograd import ConvFunction
 
         return ConvFunction.apply(input, weight, bias, p)
-    if fastpath.wants_grad(input, weight, bias):
-        return (_apply or _function())(input, weight, bias, p)
-    return p.runner.forward(input, weight, bias)
+    if p.aten_autograd or not fastpath.wants_grad(input, weight, bias):  # Note [ATen-recorded plans]
+        return p.runner.forward(input, weight, bias)
+    return (_apply or _function())(input, weight, bias, p)
 
 
 def convolution(input, weight, bias=None, stride: Sequence[int] = (1,), padding: Sequence[int] = (0,),

@@ -69,6 +69,7 @@ class Plan:
     forced: bool = False
     options: Options = knobs.DEFAULT_OPTIONS
     kernels: tuple[KernelPlan, ...] = ()  # what runs, for the layouts the problem implies (Note [programs])
+    aten_autograd: bool = False  # eager autograd records forward's ATen calls (Note [ATen-recorded plans])
     runner: Runner | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def forward(self, input, weight, bias=None):
@@ -91,7 +92,9 @@ class Plan:
                 *(("why", part) for part in self.reason.split("; ") if part),
                 *((("device", self.device.describe(versions=False)),
                    ("versions", self.device.describe_versions())) if device else ()),
-                ("math", self.math)]
+                ("math", self.math),
+                ("autograd", "ATen records the forward's calls (their backward is the plan's gradients)"
+                 if self.aten_autograd else "portconv's autograd.Function runs the plan's gradients")]
         if self.options != knobs.DEFAULT_OPTIONS:
             rows.append(("options", self.options.describe()))
         for k in self.kernels:
@@ -102,7 +105,7 @@ class Plan:
 
     def as_dict(self) -> dict:
         return {"backend": str(self.backend), "algorithm": self.algorithm, "memory_format": self.memory_format,
-                "math": self.math, "reason": self.reason, "forced": self.forced,
+                "math": self.math, "reason": self.reason, "forced": self.forced, "aten_autograd": self.aten_autograd,
                 "options": self.options.describe(),
                 "kernels": {k.result: k.lines() for k in self.kernels},
                 "rejected": [list(r) for r in self.rejected], "device": self.device.as_dict()}
@@ -120,7 +123,8 @@ def build(problem: Problem, bid: BackendId, device: DeviceInfo, choice: Choice, 
     order = {r: i for i, r in enumerate(RESULTS)}
     return Plan(problem=problem, backend=bid, algorithm=choice.algorithm, memory_format=choice.memory_format,
                 reason=choice.reason, device=device, math=choice.math, rejected=rejected, forced=forced,
-                options=options, kernels=tuple(sorted(kernels, key=lambda k: order[k.result])), runner=runner)
+                options=options, kernels=tuple(sorted(kernels, key=lambda k: order[k.result])),
+                aten_autograd=bool(getattr(runner, "aten_autograd", False)), runner=runner)
 
 
 def attempt(bid: BackendId, problem: Problem, options: Options) -> tuple[DeviceInfo, Choice]:

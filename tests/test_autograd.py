@@ -244,3 +244,28 @@ def test_callers_tensors_unchanged(be):
     gi.sum().backward()
     for t, c in zip((x, w, b), before):
         assert torch.equal(t.detach(), c)
+
+
+@pytest.mark.parametrize("i", range(len(CONVS)), ids=IDS)
+def test_aten_plans_are_recorded_by_aten(i):
+    """Note [ATen-recorded plans]: an eager call on an aten plan is ATen's own autograd node, with F.conv*'s
+    gradients bit for bit, and its plan says so; a plan of portconv's own kernels keeps portconv's Function."""
+    ours, theirs, x, w, b, kw = _case(i, torch.float32)
+    transposed = "transpose" in ours.__name__
+    p = portconv.plan(x.detach(), w.detach(), b.detach(), transposed=transposed, backend="aten", **kw)
+    assert p.aten_autograd and "ATen records" in p.explain()
+    out, ref = ours(x, w, b, backend="aten", **kw), theirs(x, w, b, **kw)
+    assert type(out.grad_fn).__name__ == type(ref.grad_fn).__name__
+    g = torch.randn_like(ref)
+    got, want = torch.autograd.grad(out, (x, w, b), g), torch.autograd.grad(ref, (x, w, b), g)
+    assert torch.equal(out, ref) and all(torch.equal(a, e) for a, e in zip(got, want))
+
+
+def test_other_plans_keep_portconv_autograd(be):
+    """Only the aten backend's plans are ATen-recorded: every other backend's eager call is portconv's Function."""
+    ours, _, x, w, b, kw = _case(1, backend=be)
+    p = portconv.plan(x.detach(), w.detach(), b.detach(), backend=be, **kw)
+    assert p.aten_autograd == (be == "aten")
+    assert "ATen records" in p.explain() if be == "aten" else "autograd.Function" in p.explain()
+    name = type(ours(x, w, b, backend=be, **kw).grad_fn).__name__
+    assert name == ("ConvolutionBackward0" if be == "aten" else "ConvFunctionBackward")

@@ -42,7 +42,14 @@ class Choice:
 
 
 class Runner(Protocol):
-    """A plan's calls: aten::convolution and aten::convolution_backward on its problem."""
+    """A plan's calls: aten::convolution and aten::convolution_backward on its problem.
+
+    ``aten_autograd`` (Note [ATen-recorded plans]): forward is made of differentiable ATen calls whose recorded
+    backward is exactly backward() (the same ATen call with the same arguments), so eager autograd may record
+    forward as it is, at PyTorch's own host cost, instead of through portconv's autograd.Function.
+    """
+
+    aten_autograd: bool = False
 
     def forward(self, input, weight, bias):
         """The output, in the caller's tensor type."""

@@ -11,7 +11,12 @@ from .torchlib import library_kernels, pad_extra, unpad
 
 class AtenRunner:
     """torch.convolution and aten.convolution_backward with positional arguments: the quickest Python bindings
-    (torch.ops.aten.convolution costs ~10 us more a call; the backward overload with keywords ~4 us more)."""
+    (torch.ops.aten.convolution costs ~10 us more a call; the backward overload with keywords ~4 us more).
+
+    ATen records forward() as ConvolutionBackward0 (and the pad of padding='same''s extra side as its own node),
+    whose backward is aten.convolution_backward with these arguments: backward() itself (aten_autograd)."""
+
+    aten_autograd = True
 
     def __init__(self, problem):
         import torch

@@ -133,4 +133,11 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Leave without interpreter finalization. A gloo worker thread can drop the last reference to a Python-owned
+    # tensor of a finished collective while the interpreter finalizes; taking the GIL then ends the thread inside a
+    # noexcept destructor and std::terminate aborts the rank (torch 2.13, ~AsyncBarrierWork, seen on a loaded
+    # 2-core CI machine). The result above is decided and printed, so nothing is lost by skipping finalization.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
