@@ -13,6 +13,7 @@
 
 /* dW[k, 0, r] = sum over (n, o) of dY[n, k, o] * X[n, k/m, o*S - P + r*DL]. Grid (K * ceil(taps/PC_DW_TAPS),
  * splits): a block owns PC_DW_TAPS taps of one channel and one split of the N*Y0*Y1*Y2 positions. */
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_bwd_weight)
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_weight(const pc_conv_args a) {
     const pc_t *PC_RESTRICT x = (const pc_t *)a.x;
     pc_t *PC_RESTRICT dw = (pc_t *)a.w;
@@ -68,6 +69,7 @@ PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_weight(const pc_conv
         }
     }
 }
+#endif
 
 /* The strip-per-thread kernels the host prefers where they apply (Note [depthwise rows]). */
 #include "conv_depthwise_rows.cuh"

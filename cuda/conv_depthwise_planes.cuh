@@ -131,11 +131,15 @@ PC_DEVICE void pc_dw_planes(const pc_conv_args &a, const pc_t *PC_RESTRICT src, 
     }
 }
 
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_fwd_planes)
 PC_KERNEL void PC_LAUNCH_BOUNDS_MIN(256, PC_DWP_MINB) portconv_depthwise_fwd_planes(const pc_conv_args a) {
     pc_dw_planes<false>(a, (const pc_t *)a.x, (pc_t *)a.y, (pc_idx)a.X[1], (pc_idx)a.X[2], (pc_idx)a.Y[1],
                         (pc_idx)a.Y[2]);
 }
+#endif
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_bwd_data_planes)
 PC_KERNEL void PC_LAUNCH_BOUNDS_MIN(256, PC_DWP_MINB) portconv_depthwise_bwd_data_planes(const pc_conv_args a) {
     pc_dw_planes<true>(a, (const pc_t *)a.y, (pc_t *)a.x, (pc_idx)a.Y[1], (pc_idx)a.Y[2], (pc_idx)a.X[1],
                        (pc_idx)a.X[2]);
 }
+#endif

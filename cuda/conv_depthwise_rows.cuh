@@ -248,30 +248,50 @@ PC_DEVICE void pc_dw_bwd_weight_rows(const pc_conv_args &a) {
     }
 }
 
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_fwd_rows)
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_fwd_rows(const pc_conv_args a) { pc_dw_fwd_rows<0>(a); }
+#endif
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_fwd_rows3s1)
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_fwd_rows3s1(const pc_conv_args a) { pc_dw_fwd_rows<1>(a); }
+#endif
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_fwd_rows3s2)
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_fwd_rows3s2(const pc_conv_args a) { pc_dw_fwd_rows<2>(a); }
+#endif
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_bwd_data_rows)
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_data_rows(const pc_conv_args a) {
     pc_dw_bwd_data_rows<0>(a);
 }
+#endif
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_bwd_data_rows3s1)
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_data_rows3s1(const pc_conv_args a) {
     pc_dw_bwd_data_rows<1>(a);
 }
+#endif
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_bwd_data_rows3s2)
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_data_rows3s2(const pc_conv_args a) {
     if (a.P[2] & 1)
         pc_dw_bwd_data_rows<3>(a);
     else
         pc_dw_bwd_data_rows<2>(a);
 }
+#endif
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_bwd_weight_rows2d_s1)
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_weight_rows2d_s1(const pc_conv_args a) {
     pc_dw_bwd_weight_rows<1, 1>(a);
 }
+#endif
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_bwd_weight_rows2d_s2)
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_weight_rows2d_s2(const pc_conv_args a) {
     pc_dw_bwd_weight_rows<1, 2>(a);
 }
+#endif
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_bwd_weight_rows3d_s1)
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_weight_rows3d_s1(const pc_conv_args a) {
     pc_dw_bwd_weight_rows<3, 1>(a);
 }
+#endif
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_bwd_weight_rows3d_s2)
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_weight_rows3d_s2(const pc_conv_args a) {
     pc_dw_bwd_weight_rows<3, 2>(a);
 }
+#endif

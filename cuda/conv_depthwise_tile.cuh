@@ -914,51 +914,83 @@ PC_DEVICE void pc_dwt_bwd_weight_any(const pc_conv_args &a) {
 /* Forward and backward-data kernels: tile[n][3d]_s{S}. 'n': NCHW-style (one channel per thread, spatial
  * innermost work order); no 'n': channels-last, vectorised where pc_dwt_vec_ok; '3d': any number of axis-0 taps
  * (else exactly one). Separate entries keep each one's register count to what it needs. */
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_fwd_tile_s1)
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_fwd_tile_s1(const pc_conv_args a) {
     pc_dwt_conv_any<1, false, true, true>(a);
 }
+#endif
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_fwd_tilen_s1)
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_fwd_tilen_s1(const pc_conv_args a) {
     pc_dwt_conv_any<1, false, true, false>(a);
 }
+#endif
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_fwd_tile3d_s1)
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_fwd_tile3d_s1(const pc_conv_args a) {
     pc_dwt_conv_any<1, false, false, true>(a);
 }
+#endif
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_fwd_tilen3d_s1)
 PC_KERNEL void PC_LAUNCH_BOUNDS_MIN(256, PC_DWT_3MINB) portconv_depthwise_fwd_tilen3d_s1(const pc_conv_args a) {
     pc_dwt_conv_any<1, false, false, false>(a);
 }
+#endif
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_fwd_tile_s2)
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_fwd_tile_s2(const pc_conv_args a) {
     pc_dwt_conv_any<2, false, true, true>(a);
 }
+#endif
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_fwd_tilen_s2)
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_fwd_tilen_s2(const pc_conv_args a) {
     pc_dwt_conv_any<2, false, true, false>(a);
 }
+#endif
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_fwd_tile3d_s2)
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_fwd_tile3d_s2(const pc_conv_args a) {
     pc_dwt_conv_any<2, false, false, true>(a);
 }
+#endif
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_fwd_tilen3d_s2)
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_fwd_tilen3d_s2(const pc_conv_args a) {
     pc_dwt_conv_any<2, false, false, false>(a);
 }
+#endif
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_bwd_data_tile_s1)
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_data_tile_s1(const pc_conv_args a) {
     pc_dwt_conv_any<1, true, true, true>(a);
 }
+#endif
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_bwd_data_tilen_s1)
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_data_tilen_s1(const pc_conv_args a) {
     pc_dwt_conv_any<1, true, true, false>(a);
 }
+#endif
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_bwd_data_tile3d_s1)
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_data_tile3d_s1(const pc_conv_args a) {
     pc_dwt_conv_any<1, true, false, true>(a);
 }
+#endif
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_bwd_data_tilen3d_s1)
 PC_KERNEL void PC_LAUNCH_BOUNDS_MIN(256, PC_DWT_3MINB) portconv_depthwise_bwd_data_tilen3d_s1(const pc_conv_args a) {
     pc_dwt_conv_any<1, true, false, false>(a);
 }
+#endif
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_bwd_weight_tile2d_s1)
 PC_KERNEL void PC_LAUNCH_BOUNDS_MIN(256, PC_DWT_WMINB) portconv_depthwise_bwd_weight_tile2d_s1(const pc_conv_args a) {
     pc_dwt_bwd_weight_any<1, 1>(a);
 }
+#endif
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_bwd_weight_tile2d_s2)
 PC_KERNEL void PC_LAUNCH_BOUNDS_MIN(256, PC_DWT_WMINB) portconv_depthwise_bwd_weight_tile2d_s2(const pc_conv_args a) {
     pc_dwt_bwd_weight_any<1, 2>(a);
 }
+#endif
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_bwd_weight_tile3d_s1)
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_weight_tile3d_s1(const pc_conv_args a) {
     pc_dwt_bwd_weight_any<3, 1>(a);
 }
+#endif
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_bwd_weight_tile3d_s2)
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_weight_tile3d_s2(const pc_conv_args a) {
     pc_dwt_bwd_weight_any<3, 2>(a);
 }
+#endif

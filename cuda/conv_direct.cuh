@@ -88,11 +88,16 @@ PC_DEVICE void pc_direct_bwd_data(const pc_conv_args &a) {
     }
 }
 
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_direct_fwd)
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_direct_fwd(const pc_conv_args a) { pc_direct_fwd(a); }
+#endif
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_direct_bwd_data)
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_direct_bwd_data(const pc_conv_args a) { pc_direct_bwd_data(a); }
+#endif
 
 /* dW[k, c, r] = sum over (n, o) of dY[n, k, o] * X[n, g*Cg + c, o*S - P + r*DL]. Grid (blocks over weight
  * elements, splits); each block reduces split blockIdx.y of the N*Y0*Y1*Y2 products of its element. */
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_direct_bwd_weight)
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_direct_bwd_weight(const pc_conv_args a) {
     const pc_t *PC_RESTRICT x = (const pc_t *)a.x;
     pc_t *PC_RESTRICT dw = (pc_t *)a.w;
@@ -137,3 +142,4 @@ PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_direct_bwd_weight(const pc_conv_ar
         }
     }
 }
+#endif

@@ -640,16 +640,21 @@ PC_DEVICE void pc_igemm_fwd_go(const Op &op, const pc_conv_args &a) {
                 op.Kg, 0, op.Cg * op.taps);
 }
 
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_igemm_fwd)
 PC_KERNEL void PC_LAUNCH_BOUNDS(PC_IGEMM_LB) portconv_igemm_fwd(const pc_conv_args a) {
     pc_igemm_fwd_go(pc_igemm_fwd_op(a, (pc_idx)blockIdx.z), a);
 }
+#endif
 
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_igemm_bwd_data)
 PC_KERNEL void PC_LAUNCH_BOUNDS(PC_IGEMM_LB) portconv_igemm_bwd_data(const pc_conv_args a) {
     const pc_igemm_bwd_data_op op(a, (pc_idx)blockIdx.z);
     pc_igemm_main<pc_igemm_bwd_data_op, 0>(op, (pc_idx)a.N * op.X0 * op.X1 * op.X2, op.Cg, 0, op.Kg * op.taps);
 }
+#endif
 
 /* Grid z = groups * splits; split s reduces positions [s*chunk, (s+1)*chunk) of N*Y0*Y1*Y2. */
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_igemm_bwd_weight)
 PC_KERNEL void PC_LAUNCH_BOUNDS(PC_IGEMM_LB) portconv_igemm_bwd_weight(const pc_conv_args a) {
     const pc_idx splits = (pc_idx)a.splits, z = (pc_idx)blockIdx.z;
     const pc_igemm_bwd_weight_op op(a, z / splits, z % splits);
@@ -660,8 +665,10 @@ PC_KERNEL void PC_LAUNCH_BOUNDS(PC_IGEMM_LB) portconv_igemm_bwd_weight(const pc_
 #endif
     pc_igemm_main<pc_igemm_bwd_weight_op, 0>(op, op.Kg, op.Cg * op.taps, lo, hi);
 }
+#endif
 
 /* Grid z = groups * S0*S1*S2 phases; grid x covers the largest phase (phase 0), smaller ones exit early. */
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_igemm_bwd_data_phase)
 PC_KERNEL void PC_LAUNCH_BOUNDS(PC_IGEMM_LB) portconv_igemm_bwd_data_phase(const pc_conv_args a) {
     const pc_idx phases = (pc_idx)(a.S[0] * a.S[1] * a.S[2]), z = (pc_idx)blockIdx.z;
     const pc_igemm_bwd_data_phase_op op(a, z / phases, z % phases);
@@ -672,6 +679,7 @@ PC_KERNEL void PC_LAUNCH_BOUNDS(PC_IGEMM_LB) portconv_igemm_bwd_data_phase(const
     pc_igemm_go(op, op.Kg % PC_BK == 0 && (op.cl || phases > 1 || op.tp == 1), op.Kg % PC_BK == 0, M, op.Cg, 0,
                 op.Kg * op.tp);
 }
+#endif
 
 /* Note [channels-last staging]: the tensor-core tile's vector modes (conv_igemm_tc.cuh) need A's reduction channels
  * contiguous, and B's (W's C for the forward, W's K for phase backward-data); its TN tile needs the weight gradient's
@@ -681,6 +689,7 @@ PC_KERNEL void PC_LAUNCH_BOUNDS(PC_IGEMM_LB) portconv_igemm_bwd_data_phase(const
  * [K][taps][C] (forward) or [1][K][C taps] -> [C taps][K] (backward-data). cuDNN's NCHW convolutions do the same (its
  * nchwToNhwcKernel runs before the implicit GEMM). 32 x 32 tiles through shared memory: both sides coalesced. Here,
  * not in the tensor-core header, so that the CPU emulation of the bodies (tests/emu.py) runs the staged host path. */
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_stage_transpose)
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_stage_transpose(const pc_conv_args a) {
     PC_SHARED pc_t tile[32][33];
     const pc_t *src = (const pc_t *)a.x;
@@ -699,6 +708,7 @@ PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_stage_transpose(const pc_conv_args
         if (q < Q && r < R) dst[(b * Q + q) * R + r] = tile[tx][ty + k];
     }
 }
+#endif
 
 /* Note [narrow backward-data]: backward-data's GEMM has dX's C/G channels as its columns, and with few of them (C_in
  * = 1 or 3: speech front ends, RGB stems) the tensor-core tiles spend 75%-94% of every mma on padding columns and
@@ -719,9 +729,11 @@ struct pc_igemm_col_op : pc_igemm_fwd_op { /* the forward op whose put stores to
     PC_DEVICE explicit pc_igemm_col_op(const pc_conv_args &a) : pc_igemm_fwd_op(a, 0), cbuf((pc_acc_t *)a.ws) {}
     PC_DEVICE void put(pc_idx orow, pc_idx ocol, pc_idx, pc_acc_t v) const { cbuf[orow + ocol] = v; }
 };
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_igemm_col)
 PC_KERNEL void PC_LAUNCH_BOUNDS(PC_IGEMM_LB) portconv_igemm_col(const pc_conv_args a) {
     pc_igemm_fwd_go(pc_igemm_col_op(a), a);
 }
+#endif
 
 struct pc_col_axis { /* the taps of one axis that reach position i: r = r0 + dr k, o = o0 - dO k, k < n */
     pc_idx r, o, dr, dO, n;
@@ -739,6 +751,7 @@ struct pc_col_axis { /* the taps of one axis that reach position i: r = r0 + dr 
     }
 };
 
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_col2im)
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_col2im(const pc_conv_args a) {
     const pc_acc_t *PC_RESTRICT col = (const pc_acc_t *)a.ws;
     const pc_t *b = (const pc_t *)a.b;
@@ -770,3 +783,4 @@ PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_col2im(const pc_conv_args a) {
               acc);
     }
 }
+#endif

@@ -10,6 +10,9 @@
 #pragma once
 
 #define PC_VENDOR_CUDA 1
+/* Every PC_KERNEL definition sits in #if !defined(PC_ONLY) || defined(PC_ONLY_<its name>) ... #endif: a module
+   built with PC_ONLY holds the one kernel it names (Note [one kernel a module], portconv/backends/program.py;
+   tests/test_cuda_compile.py checks every guard). */
 #define PC_KERNEL extern "C" __global__
 #define PC_LAUNCH_BOUNDS(threads) __launch_bounds__(threads)
 /* ... and at least `blocks` resident blocks per SM: ptxas keeps the registers to 65536 / (threads x blocks) */

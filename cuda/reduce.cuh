@@ -39,6 +39,7 @@ PC_DEVICE void pc_split_range(pc_idx total, pc_idx chunk, pc_idx s, pc_idx &lo, 
 
 /* grad_bias[k] = sum over (n, spatial) of dY[n, k, ...]. Grid (K, splits); with one split it writes the
  * result, with several it writes partial sums to ws[s*K + k] for portconv_split_finalize. */
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_bias_grad)
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_bias_grad(const pc_conv_args a) {
     const pc_t *PC_RESTRICT dy = (const pc_t *)a.y;
     const pc_idx K = (pc_idx)a.K, Y0 = (pc_idx)a.Y[0], Y1 = (pc_idx)a.Y[1], Y2 = (pc_idx)a.Y[2];
@@ -62,6 +63,7 @@ PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_bias_grad(const pc_conv_args a) {
             ((pc_acc_t *)a.ws)[s * K + k] = acc;
     }
 }
+#endif
 
 /* dst[k, c, r0, r1, r2] = sum over s of ws[s*count + flat(k, c, r0, r1, r2)], count = K*C*R0*R1*R2, where
  * dst is a.w with strides a.ws_ (a weight gradient, or a bias gradient described as K x 1 x 1 x 1 x 1).
@@ -74,6 +76,7 @@ PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_bias_grad(const pc_conv_args a) {
  * docs/kernels/depthwise.md).
  * Either way grid-stride: any grid is correct. It may be a dependent launch (Note [dependent launch]):
  * nothing is read before pc_grid_dependency_wait. */
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_split_finalize)
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_split_finalize(const pc_conv_args a) {
     pc_grid_dependency_wait();
     const pc_acc_t *PC_RESTRICT ws = (const pc_acc_t *)a.ws;
@@ -95,3 +98,4 @@ PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_split_finalize(const pc_conv_args 
               acc);
     }
 }
+#endif

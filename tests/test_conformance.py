@@ -131,7 +131,10 @@ def test_inputs_are_seeded_random_and_laid_out():
 
 # --- the harness can fail: a backend that is wrong in one small way must be reported ----------------------------
 class _BrokenRunner(AtenRunner):
-    """The aten backend's runner with its owner's defect (correct with mode=None)."""
+    """The aten backend's runner with its owner's defect (correct with mode=None). Its backward is not what ATen
+    records for its forward, so eager autograd must call it (Note [ATen-recorded plans])."""
+
+    aten_autograd = False
 
     def __init__(self, problem, math: str, owner):
         super().__init__(problem)

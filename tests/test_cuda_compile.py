@@ -93,6 +93,16 @@ def test_nvrtc_keeps_the_hot_depthwise_kernels_at_two_blocks_an_sm():
     channels-last weight gradient 1.4x slower (one 256-thread block an SM), and `__launch_bounds__(256, 1)` gave the
     forward 154 (docs/kernels/depthwise.md). mbv2-dw3x3-bf16-cl's three kernels, as NVRTC 13 builds them for sm_90
     (scripts/nvrtc_regs.py), must fit two blocks an SM (<= 128 registers) with no spills."""
+    tool = _nvrtc_tool()
+    for k in ("fwd_tile_s1", "bwd_data_tile_s1", "bwd_weight_tile2d_s1"):
+        name = f"portconv_depthwise_{k}"  # built alone, as it runs (Note [one kernel a module])
+        got = _entries(tool, "depthwise.cu", {"PC_DTYPE": 3, "PC_INDEX64": 0, "PC_ONLY": "", f"PC_ONLY_{name}": ""})
+        regs, spill = got[name]
+        assert regs <= 128 and spill == 0, f"{k}: {regs} registers, {spill} bytes spilled under NVRTC"
+
+
+def _nvrtc_tool():
+    """scripts/nvrtc_regs.py with libnvrtc found (a failure under PORTCONV_REQUIRE_NVRTC=1, else a skip)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("nvrtc_regs", ROOT / "scripts" / "nvrtc_regs.py")
@@ -104,14 +114,40 @@ def test_nvrtc_keeps_the_hot_depthwise_kernels_at_two_blocks_an_sm():
         if os.environ.get("PORTCONV_REQUIRE_NVRTC") == "1":
             pytest.fail(f"PORTCONV_REQUIRE_NVRTC=1: {e}", pytrace=False)
         pytest.skip(f"{e} (set PORTCONV_REQUIRE_NVRTC=1 to make this a failure)")
-    rows = tool.summary(tool.report("depthwise.cu", "sm_90", {"PC_DTYPE": 3, "PC_INDEX64": 0}))
+    return tool
+
+
+def _entries(tool, entry: str, defines: dict) -> dict[str, tuple[int, int]]:
+    """{kernel: (registers, spilled bytes)} of every entry function NVRTC builds from ``entry`` for sm_90."""
     got = {}
-    for line in rows:
+    for line in tool.summary(tool.report(entry, "sm_90", defines)):
         name, regs, spill = re.match(r"(\w+): (\d+) registers, (\d+) bytes spilled", line).groups()
         got[name] = (int(regs), int(spill))
-    for k in ("fwd_tile_s1", "bwd_data_tile_s1", "bwd_weight_tile2d_s1"):
-        regs, spill = got[f"portconv_depthwise_{k}"]
-        assert regs <= 128 and spill == 0, f"{k}: {regs} registers, {spill} bytes spilled under NVRTC"
+    return got
+
+
+def test_every_kernel_builds_alone():
+    """Note [one kernel a module]: each PC_KERNEL sits in the guard of its own name, and a module built with PC_ONLY
+    and PC_ONLY_<kernel> holds exactly that kernel (NVRTC, sm_90, float32 and bfloat16), as the plans build them."""
+    defined = set()
+    for p in CUDA_DIR.glob("*.cuh"):
+        text = p.read_text()
+        for m in re.finditer(r"^PC_KERNEL\b[^\n]*?\b(portconv_\w+)\(", text, re.M):
+            guard = text[:m.start()].rstrip().rsplit("\n", 1)[-1]
+            assert guard == f"#if !defined(PC_ONLY) || defined(PC_ONLY_{m.group(1)})", (p.name, m.group(1), guard)
+            defined.add(m.group(1))
+    tool = _nvrtc_tool()
+    jobs = [(select.ENTRY[f], k, dt) for f, names in hip.KERNELS.items() for k in (*names, *hip.COMMON_KERNELS)
+            for dt in (0, 3)]
+    assert {k for _, k, _ in jobs} <= defined
+
+    def build(job):
+        entry, name, dt = job
+        return job, _entries(tool, entry, {"PC_DTYPE": dt, "PC_INDEX64": 0, "PC_ONLY": "", f"PC_ONLY_{name}": ""})
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
+        for (entry, name, dt), got in pool.map(build, jobs):
+            assert set(got) == {name}, (entry, name, dt, sorted(got))
 
 
 def test_the_finalize_waits_before_it_reads():

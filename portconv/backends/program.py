@@ -30,17 +30,27 @@ OPERANDS = ("input", "weight", "bias", "grad_output")
 
 @dataclasses.dataclass(frozen=True)
 class Module:
-    """A compiled unit: a kernel source file and its compile-time defines ((name, value); value '' for a flag)."""
+    """A compiled unit: a kernel source file and its compile-time defines ((name, value); value '' for a flag).
+
+    ``kernel``: the one entry the unit holds ('' for every entry of the source). Note [one kernel a module]: the CUDA
+    and HIP sets compile each launched kernel alone (PC_ONLY, PC_ONLY_<kernel>: every other entry is preprocessed
+    away), so a plan compiles what it launches, not every variant of its family."""
 
     source: str
     defines: tuple[tuple[str, str], ...] = ()
+    kernel: str = ""
 
     @classmethod
-    def of(cls, source: str, defines: dict | None = None) -> Module:
-        return cls(source, tuple(sorted((k, str(v)) for k, v in (defines or {}).items())))
+    def of(cls, source: str, defines: dict | None = None, kernel: str = "") -> Module:
+        return cls(source, tuple(sorted((k, str(v)) for k, v in (defines or {}).items())), kernel)
+
+    def compile_defines(self) -> tuple[tuple[str, str], ...]:
+        """The defines the compiler gets: ``defines``, and the PC_ONLY pair where the unit holds one kernel."""
+        return self.defines + ((("PC_ONLY", ""), (f"PC_ONLY_{self.kernel}", "")) if self.kernel else ())
 
     def describe(self) -> str:
-        return self.source + "".join(f" {k}={v}" if v != "" else f" {k}" for k, v in self.defines)
+        only = f" ({self.kernel} only)" if self.kernel else ""
+        return self.source + "".join(f" {k}={v}" if v != "" else f" {k}" for k, v in self.defines) + only
 
 
 @dataclasses.dataclass(frozen=True)

@@ -168,6 +168,26 @@ def precision(ieee: bool, device):
             setattr(o, attr, v)
 
 
+@contextlib.contextmanager
+def deterministic(device):
+    """Note [loss phase]: cuDNN's deterministic algorithms and PyTorch's deterministic ops (warn-only: an op without
+    a deterministic kernel still runs) inside the block; cudnn.benchmark off."""
+    import warnings
+
+    b = torch.backends.cudnn
+    old = (b.deterministic, b.benchmark, torch.are_deterministic_algorithms_enabled(),
+           torch.is_deterministic_algorithms_warn_only_enabled())
+    try:
+        b.deterministic, b.benchmark = True, False
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*does not have a deterministic implementation.*")
+            yield
+    finally:
+        b.deterministic, b.benchmark = old[0], old[1]
+        torch.use_deterministic_algorithms(old[2], warn_only=old[3])
+
+
 def no_dropout(model) -> int:
     """Dropout and stochastic depth off (p = 0; how many modules): both sides then compute one deterministic function
     of the same data, in eager and compiled mode alike (inductor draws its random numbers its own way)."""

@@ -153,7 +153,8 @@ def markdown(rep: dict) -> str:
               "PyTorch / portconv, each side's first step in this process (compile included in compiled mode; "
               "PyTorch's side warms up first). Cold / warm: the first step in a fresh process with empty caches, "
               "then with the caches the cold one left (`--first-step`). Loss: after `loss step` steps of the same "
-              "data; `rel diff` = |portconv - PyTorch| / |PyTorch|; `LOSS`: beyond the limit "
+              "data, each side alone in deterministic mode before its timed steps (Note [loss phase]); "
+              "`rel diff` = |portconv - PyTorch| / |PyTorch|; `LOSS`: beyond the limit "
               f"({', '.join(f'{k} {v:g}' for k, v in st['loss_limits'].items())}).", "",
               "| " + " | ".join(_HEAD) + " |", "|" + "---|" * len(_HEAD)]
     lines += ["| " + " | ".join(str(r[k] if r[k] is not None else "-") for k in _KEYS) + " |" for r in rows(rep)]

@@ -37,6 +37,8 @@ def run_cell(spec: models.ModelSpec, dtype: str, layout: str, mode: str, opts: m
             continue
         losses = []
         members.append((side, models.make_step(call, opt, data, spec, dtype, device, losses), losses))
+    firsts = loss_phase(cell, members, opts, device, log)
+    members = [m for m in members if m[0] in firsts]
     ms = timing.measure_interleaved(clock, [(m[1], None) for m in members], [None],
                                     turn_runs=models.TURN if len(members) > 1 else None, runs=opts.steps,
                                     warmup=opts.warmup, min_runs=opts.steps, budget_s=None, warmup_s=0.0)
@@ -49,13 +51,13 @@ def run_cell(spec: models.ModelSpec, dtype: str, layout: str, mode: str, opts: m
         curve = torch.stack(losses).float().cpu().tolist() if losses else []
         at = min(opts.loss_steps, len(curve))
         res.update(median_ms=m.stats.median, p10_ms=m.stats.p10, p90_ms=m.stats.p90, mean_ms=m.stats.mean,
-                   runs=m.stats.runs, first_step_in_process_ms=m.first_call_ms, warmup_steps=m.warmup,
+                   runs=m.stats.runs, first_step_in_process_ms=firsts[side], warmup_steps=m.warmup,
                    steps_taken=len(curve), loss_step=at, loss=curve[at - 1] if at else None, losses=curve,
                    samples_ms=list(m.samples_ms), timing=m.method)
         if len(members) > 1:
             res["interleaved_with"] = [s for s, _, _ in members if s != side]
         log(f"  {models.key(cell):<44} {side:<8} median {m.stats.median:9.3f} ms  first "
-            f"{m.first_call_ms / 1e3:7.2f} s  loss@{at} {res['loss']}")
+            f"{firsts[side] / 1e3:7.2f} s  loss@{at} {res['loss']}")
     del members, ms, data
     compare(cell, opts)
     if mode == "compile":
@@ -64,6 +66,34 @@ def run_cell(spec: models.ModelSpec, dtype: str, layout: str, mode: str, opts: m
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
     return cell
+
+
+# Note [loss phase]
+# Before the timed steps each side alone takes the cell's first loss_steps steps in deterministic mode
+# (models.deterministic), from the same init on the same batches: the losses compared are then those of one
+# function computed twice, not of cuDNN's run-to-run atomics (float32 losses of identical cuDNN kernels differed by
+# up to 5.9e-3 after 13 steps without it, H100). The first of these steps is the side's first step in this process.
+# The timed steps continue from there in the default (fast) mode.
+def loss_phase(cell: dict, members: list, opts: models.Options, device, log) -> dict[str, float]:
+    """Each side's loss steps (Note [loss phase]); {side: its first step's wall time in ms} for the sides that ran."""
+    import torch
+
+    firsts = {}
+    for side, step, _ in members:
+        try:
+            with models.deterministic(device):
+                for k in range(max(1, opts.loss_steps)):
+                    t0 = time.perf_counter()
+                    step(None)
+                    if k == 0:
+                        if device.type == "cuda":
+                            torch.cuda.synchronize(device)
+                        firsts[side] = (time.perf_counter() - t0) * 1e3
+        except Exception as e:  # noqa: BLE001 - this side fails, the others run
+            cell["sides"][side].update(status="error", error=models.error_text(e))
+            log(f"  {models.key(cell)} {side}: {cell['sides'][side]['error']}")
+            firsts.pop(side, None)
+    return firsts
 
 
 def compare(cell: dict, opts: models.Options) -> None:

@@ -168,7 +168,7 @@ class KernelSet:
         cupy = import_cupy(self.pip_hint)
         t0 = time.perf_counter()
         arch, arch_opts, kind = self.arch_options(device)
-        options = tuple(self.options) + arch_opts + tuple(f"-D{k}={v}" for k, v in module.defines)
+        options = tuple(self.options) + arch_opts + tuple(f"-D{k}={v}" for k, v in module.compile_defines())
         text = self.text(module.source)
         h = hashlib.sha256()
         for part in (self.vendor, self.compiler, self.compiler_version(), arch, kind, " ".join(options), text):
@@ -184,7 +184,8 @@ class KernelSet:
         with cupy.cuda.Device(device):
             mod = cupy.cuda.function.Module()
             mod.load(binary)
-        _events.append(CompileEvent(module.source, module.defines, arch, how, time.perf_counter() - t0, device))
+        seconds = time.perf_counter() - t0
+        _events.append(CompileEvent(module.source, module.compile_defines(), arch, how, seconds, device))
         return mod
 
 

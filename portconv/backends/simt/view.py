@@ -128,8 +128,9 @@ class Target:
     def acc_dtype(self) -> str:
         return "float64" if self.dtype == "float64" else "float32"
 
-    def module(self, extra: dict | None = None, family: str | None = None) -> Module:
-        return Module.of(self.entries[family or self.algorithm], {**dict(self.defines), **(extra or {})})
+    def module(self, kernel: str, extra: dict | None = None, family: str | None = None) -> Module:
+        """The unit that holds ``kernel`` alone (Note [one kernel a module])."""
+        return Module.of(self.entries[family or self.algorithm], {**dict(self.defines), **(extra or {})}, kernel)
 
 
 class Launches:
@@ -168,7 +169,7 @@ class Launches:
         assert len(args) == ARG_COUNT
         binds = tuple(Bind(i, t.role) for i, t in enumerate((x, w, y, b, ws)) if t is not None)
         grid = tuple(int(g) for g in grid)
-        launch = Launch(self.target.module(extra), kernel, grid, (THREADS, 1, 1), tuple(int(a) for a in args),
+        launch = Launch(self.target.module(kernel, extra), kernel, grid, (THREADS, 1, 1), tuple(int(a) for a in args),
                         binds, dependent)
         self.launches.append(launch)
         return launch
