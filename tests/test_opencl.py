@@ -386,3 +386,48 @@ def test_dw_and_ig_launch_counters_follow_the_kernels():
     before = dict(rt.stats)
     plan.forward(x, w, b)
     assert launched_since(before) == {"dw_fwd": 1}
+
+
+_FORK_SCRIPT = r"""
+import os, sys, torch, portconv
+from portconv.errors import BackendUnavailable
+x, w = torch.randn(2, 4, 8, 8), torch.randn(4, 4, 3, 3)
+portconv.conv2d(x, w, padding=1, backend="opencl")  # the parent uses OpenCL
+
+
+class Convs(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return portconv.conv2d(x[i % 2:i % 2 + 1], w[:, :, :2], padding=1)[0]  # automatic plan in the worker
+
+
+want = torch.nn.functional.conv2d(x, w[:, :, :2], padding=1)
+got = list(torch.utils.data.DataLoader(Convs(), batch_size=None, num_workers=2, multiprocessing_context="fork"))
+assert all(torch.allclose(g, want[i % 2], atol=1e-5) for i, g in enumerate(got))
+pid = os.fork()
+if pid == 0:
+    try:
+        portconv.conv2d(x, w, padding=1, backend="opencl")
+        os._exit(3)
+    except BackendUnavailable as e:
+        os._exit(0 if "forked after its parent used OpenCL" in str(e) else 4)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+print("FORK-OK")
+"""
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork (POSIX)")
+def test_forked_children_never_call_opencl():
+    """Note [fork]: after the parent used OpenCL, DataLoader workers forked from it compute their convolutions on an
+    automatic plan (ATen), and a forced opencl call in a forked child raises BackendUnavailable at once; a hang would
+    be the timeout."""
+    import subprocess
+
+    avail = get("opencl").probe()
+    assert avail, avail.reason  # CI's PoCL: the scenario needs a parent that used OpenCL
+    r = subprocess.run([sys.executable, "-c", _FORK_SCRIPT], capture_output=True, text=True, timeout=120,
+                       cwd=pathlib.Path(__file__).resolve().parents[1])
+    assert r.returncode == 0 and "FORK-OK" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]

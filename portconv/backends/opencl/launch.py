@@ -216,6 +216,7 @@ class Exec:
         return b
 
     def __call__(self, values: dict) -> tuple:
+        rt.check_not_forked()  # Note [fork]: a plan made before the fork
         anchor = values["input"]
         if type(anchor) is self.loader.array_type and self._new_array:
             got = self._arrays(values, anchor)
