@@ -12,15 +12,28 @@ from .driverflags import _directions, _dtype, _mask, add_problem_flags, case_fro
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 def _device(a):
+    """The torch device of the problem's tensors; exit 3 (with the reason) where the requested backend or the
+    device is unavailable here, before any tensor is made, and 2 for a name that is not a backend or device."""
     import torch
 
+    from . import backends
     from .conformance.runner import default_device
 
     try:
-        return torch.device(a.device) if a.device else default_device(a.backend)
+        if a.backend and a.backend != "auto":
+            avail = backends.get(a.backend).probe()
+            if not avail:
+                print(f"portconv: backend '{a.backend}' is unavailable: {avail.reason}", file=sys.stderr)
+                raise SystemExit(EXIT_UNAVAILABLE)
+        device = torch.device(a.device) if a.device else default_device(a.backend)
     except (ValueError, RuntimeError) as e:  # an unknown backend or device name
         print(f"portconv: {e}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE) from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(f"portconv: device {device} is unavailable: this torch ({torch.__version__}) sees no CUDA/ROCm GPU",
+              file=sys.stderr)
+        raise SystemExit(EXIT_UNAVAILABLE)
+    return device
 
 
 def _plan_or_exit(case, inputs, backend):
@@ -337,6 +350,25 @@ def cmd_conform(a) -> int:
 
 
 # --- the parser ---------------------------------------------------------------------------------------------------
+def cmd_tune(a) -> int:
+    """The tuning cache file (Note [tuning cache file]): where it is and how many entries, export, import."""
+    from . import tuning
+
+    if a.export:
+        n = tuning.export_entries(a.export)
+        print(f"exported {n} entries of {tuning.cache_path()} to {a.export}")
+    if a.import_:
+        try:
+            took, total = tuning.import_entries(a.import_)
+        except ValueError as e:
+            print(f"portconv tune: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        print(f"imported {took} entries from {a.import_}; {tuning.cache_path()} holds {total}")
+    if not (a.export or a.import_):
+        print(f"{tuning.cache_path()}: {len(tuning.load())} entries")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="portconv", description="One convolution API across CUDA, HIP and OpenCL, "
                                 "held to PyTorch's numbers.",
@@ -380,6 +412,10 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--list", action="store_true", help="list the selected cases and exit")
     f.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     f.set_defaults(func=cmd_conform)
+    t = sub.add_parser("tune", help="the tuning cache file: its entries; export or import them (pre-warm a cluster)")
+    t.add_argument("--export", metavar="FILE", help="write the cache's valid entries to FILE")
+    t.add_argument("--import", dest="import_", metavar="FILE", help="merge FILE's valid entries into the cache")
+    t.set_defaults(func=cmd_tune)
     from .bench import add_parser as add_bench_parser  # `portconv bench` (issue 5): portconv/bench/cli.py
 
     add_bench_parser(sub)

@@ -5,6 +5,7 @@ import sys
 import types
 from collections.abc import Callable
 
+from . import knobs
 from .backends import BackendId
 from .planner import _clear_hooks, call_state
 from .tensors import ARRAY_DEVICE_TYPES, array_key
@@ -17,8 +18,7 @@ from .tensors import ARRAY_DEVICE_TYPES, array_key
 # plan.call_state() (Note [plan cache]). Only calls that passed validation are stored, so bad input always reaches
 # the checks and raises PyTorch's error before any kernel runs. What is not in the key is checked on every call:
 # grad mode and requires_grad. pyopencl and cupy arrays take the same path (tensors.array_key: per array exactly
-# what spec_of reads of it); they carry no autograd. The cache is LRU-bounded like the plan cache.
-MAX_ENTRIES = 4096
+# what spec_of reads of it); they carry no autograd. The cache is LRU-bounded like the plan cache (PORTCONV_PLAN_CACHE).
 _entries: dict[tuple, tuple] = {}
 _torch = None  # the torch module once it is imported (portconv never imports it for pyopencl/cupy arrays)
 _tensor_types: tuple = ()
@@ -156,7 +156,7 @@ def get(k: tuple | None):
 def put(k: tuple | None, value: tuple) -> None:
     if k is None:
         return
-    if len(_entries) >= MAX_ENTRIES:
+    while _entries and len(_entries) >= knobs.env().plan_cache:
         del _entries[next(iter(_entries))]
     _entries[k] = value
 

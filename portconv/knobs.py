@@ -52,6 +52,16 @@ def _text(name: str, v: str) -> str:
     return v
 
 
+def _count(name: str, v: str) -> int:
+    try:
+        n = int(v.strip())
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"{name}={v!r}: expected a whole number >= 1")
+    return n
+
+
 def _default_cache() -> str:
     return os.path.join(os.path.expanduser("~"), ".cache", "portconv")
 
@@ -79,6 +89,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("PORTCONV_POISON", "poison", _flag, "1: fill results with NaN before kernels run (the conformance suite)"),
     Knob("PORTCONV_CACHE_DIR", "cache_dir", _text,
          "folder of compiled kernels and tuning results (default ~/.cache/portconv)"),
+    Knob("PORTCONV_PLAN_CACHE", "plan_cache", _count,
+         "plans (and fast-path entries) kept per process, least recently used first out (default 4096)"),
     Knob("PORTCONV_TUNE", "tune", _flag, "1: time the candidate backends once per problem and keep the fastest"),
     Knob("PORTCONV_CUDA_PDL", "cuda_pdl", _flag,
          "0: launch split finalizes the ordinary way, not as dependent launches (Note [dependent launch])"),
@@ -97,6 +109,7 @@ class Env:
     opencl_tc: str | None = None
     poison: bool = False
     cache_dir: str = dataclasses.field(default_factory=_default_cache)
+    plan_cache: int = 4096
     tune: bool = False
     cuda_pdl: bool = True
 

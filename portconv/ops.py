@@ -5,7 +5,7 @@ import dataclasses
 
 import torch
 
-from . import derivatives, fastpath, planner, validate
+from . import derivatives, fastpath, knobs, planner, validate
 from .backends.torchlib import pad_extra, torch_format, unpad
 from .params import ConvParams
 from .tensors import TensorSpec, dense_strides, spec_of
@@ -50,7 +50,7 @@ def _restride(t, fmt: str):
     key = (t.shape, fmt)
     want = _dense.get(key)
     if want is None:
-        if len(_dense) >= fastpath.MAX_ENTRIES:
+        if len(_dense) >= knobs.env().plan_cache:
             _dense.clear()
         want = _dense[key] = dense_strides(tuple(t.shape), fmt)
     got = t.stride()

@@ -148,10 +148,10 @@ def resolved_options(env: knobs.Env, opts: Options) -> Options:
 
 # Note [plan cache]
 # select() keeps one Plan per (problem, backend request, call state), least recently used first out beyond
-# CACHE_SIZE. The call state is everything outside the arguments that can change a plan: the Env (Note [knobs]),
-# use_backend(), tune(), the Options in force, and the torch flags that ATen's selection and portconv's checks
-# read (rules.context.torch_flags). It costs about a microsecond: the Env is one object until knobs.reload().
-CACHE_SIZE = 4096
+# PORTCONV_PLAN_CACHE (Env.plan_cache). The call state is everything outside the arguments that can change a plan:
+# the Env (Note [knobs]), use_backend(), tune(), the Options in force, and the torch flags that ATen's selection and
+# portconv's checks read (rules.context.torch_flags). It costs about a microsecond: the Env is one object until
+# knobs.reload().
 _cache: collections.OrderedDict[tuple, Plan] = collections.OrderedDict()
 _cache_lock = threading.Lock()
 _clear_hooks: list[Callable[[], None]] = []  # other caches keyed on plans (the fast path)
@@ -190,7 +190,7 @@ def select(problem: Problem, backend: str | BackendId | None = None, state: tupl
     plan = _select(problem, forced_id, env, resolved_options(env, opts))
     with _cache_lock:
         _cache[key] = plan
-        if len(_cache) > CACHE_SIZE:
+        while len(_cache) > env.plan_cache:
             _cache.popitem(last=False)
     return plan
 

@@ -1,11 +1,13 @@
 """Tuning mode: time every backend that can run a problem (forward + both gradients) once, persist the fastest."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import functools
 import hashlib
 import json
+import math
 import os
 import statistics
 import tempfile
@@ -38,36 +40,90 @@ def cache_path() -> str:
 # --- the cache file ----------------------------------------------------------------------------------------------
 # Note [tuning cache file]
 # One JSON file of entries keyed by a hash of (problem signature, the candidates' device descriptions and versions,
-# portconv's version and kernel-source digests, the torch flags that change timings). Writers re-read the file,
-# add their entry and write a temporary file in the same directory that os.replace() puts in place atomically, so
-# a reader sees either the old or the new file, never a torn one; two concurrent writers may drop one another's
-# newest entry, which is then simply timed again. A file that cannot be parsed is reported and replaced.
-def load(path: str | None = None, warn: bool = True) -> dict:
-    """The entries of the cache file ({} when absent; a TuneCacheWarning when unreadable)."""
-    path = path or cache_path()
+# portconv's version and kernel-source digests, the torch flags that change timings). A writer takes an exclusive
+# lock on a sidecar file (fcntl.flock, where the platform has it), re-reads the file, merges its entries and writes a
+# temporary file in the same directory that os.replace() puts in place: readers (who take no lock) see the old or
+# the new file, never a torn one, and concurrent writers lose no entries. Any content is survived: an entry that is
+# not {"winner": name, "times_ms": {name: finite number}} with the winner among the times is ignored (one warning a
+# file and process) and left out when the file is next written; a file that cannot be parsed at all is moved aside
+# to <name>.bad (with a warning) and a new one begins. export_entries / import_entries (portconv tune --export /
+# --import) copy the valid entries between machines.
+def _valid(entry) -> bool:
+    if not isinstance(entry, dict) or not isinstance(entry.get("winner"), str):
+        return False
+    times = entry.get("times_ms")
+    if not isinstance(times, dict) or entry["winner"] not in times:
+        return False
+    return all(type(t) in (int, float) and math.isfinite(t) and t >= 0 for t in times.values())
+
+
+_warned: set[tuple[str, str]] = set()
+
+
+def _warn_once(path: str, why: str, stacklevel: int) -> None:
+    if (path, why) not in _warned:
+        _warned.add((path, why))
+        warnings.warn(f"portconv: tuning cache {path}: {why}", TuneCacheWarning, stacklevel=stacklevel + 1)
+
+
+def _read(path: str) -> tuple[dict | None, str]:
+    """(the file's entries, '') or (None, why it is unusable); ({}, '') when absent."""
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except FileNotFoundError:
+        return {}, ""
+    except (OSError, ValueError, RecursionError) as e:
+        return None, f"{type(e).__name__}: {str(e)[:200]}"
+    if isinstance(data, dict) and data.get("version") == FORMAT_VERSION and isinstance(data.get("entries"), dict):
+        return data["entries"], ""
+    return None, f"not a portconv tuning cache of format version {FORMAT_VERSION}"
+
+
+def load(path: str | None = None, warn: bool = True) -> dict:
+    """The valid entries of the cache file ({} when absent or unreadable; TuneCacheWarning once for what is not)."""
+    path = path or cache_path()
+    entries, why = _read(path)
+    if entries is None:
+        if warn:
+            _warn_once(path, f"ignoring it ({why}); its problems are timed again and the file is rewritten", 2)
         return {}
-    except (OSError, ValueError) as e:
-        why = f"{type(e).__name__}: {e}"
-    else:
-        if isinstance(data, dict) and data.get("version") == FORMAT_VERSION and isinstance(data.get("entries"), dict):
-            return data["entries"]
-        why = f"not a portconv tuning cache of format version {FORMAT_VERSION}"
-    if warn:
-        warnings.warn(f"portconv: ignoring the tuning cache {path} ({why}); its problems are timed again and the "
-                      "file is rewritten", TuneCacheWarning, stacklevel=2)
-    return {}
+    good = {k: e for k, e in entries.items() if isinstance(k, str) and _valid(e)}
+    if warn and len(good) < len(entries):
+        _warn_once(path, f"ignoring {len(entries) - len(good)} malformed entries (kept {len(good)}); they are left "
+                   "out when the file is next written", 2)
+    return good
 
 
-def _store(path: str, key: str, entry: dict) -> None:
-    folder = os.path.dirname(path)
+@contextlib.contextmanager
+def _locked(path: str):
+    """An exclusive lock on ``path``.lock for a read-merge-write (no lock where fcntl is absent)."""
     try:
-        os.makedirs(folder, exist_ok=True)
-        entries = load(path, warn=False)
-        entries[key] = entry
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(path + ".lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _merge(path: str, new: dict) -> int:
+    """Merge ``new`` entries (valid ones only) into the file under the lock; how many were written in all."""
+    folder = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    with _locked(path):
+        entries, why = _read(path)
+        if entries is None:
+            bad = path + ".bad"
+            os.replace(path, bad)
+            _warn_once(path, f"moved aside to {bad} ({why}); a new file begins", 3)
+            entries = {}
+        entries = {k: e for k, e in entries.items() if isinstance(k, str) and _valid(e)}
+        entries.update({k: e for k, e in new.items() if isinstance(k, str) and _valid(e)})
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tune-", suffix=".tmp")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -76,9 +132,33 @@ def _store(path: str, key: str, entry: dict) -> None:
         except BaseException:
             os.unlink(tmp)
             raise
+    return len(entries)
+
+
+def _store(path: str, key: str, entry: dict) -> None:
+    try:
+        _merge(path, {key: entry})
     except OSError as e:
         warnings.warn(f"portconv: could not write the tuning cache {path} ({e}); the result holds for this process "
                       "only", TuneCacheWarning, stacklevel=3)
+
+
+def export_entries(dest: str, path: str | None = None) -> int:
+    """Write the cache file's valid entries to ``dest`` (a tuning cache file of its own); how many."""
+    entries = load(path)
+    with open(dest, "w", encoding="utf-8") as f:
+        json.dump({"version": FORMAT_VERSION, "entries": entries}, f, indent=1, sort_keys=True)
+    return len(entries)
+
+
+def import_entries(src: str, path: str | None = None) -> tuple[int, int]:
+    """Merge the valid entries of ``src`` into the cache file: (entries taken from src, entries in the file now).
+    Raises ValueError when ``src`` is not a tuning cache file."""
+    entries, why = _read(src)
+    if entries is None or not os.path.exists(src):
+        raise ValueError(f"{src} is not a portconv tuning cache file ({why or 'not found'})")
+    good = {k: e for k, e in entries.items() if isinstance(k, str) and _valid(e)}
+    return len(good), _merge(path or cache_path(), good)
 
 
 @functools.cache

@@ -134,6 +134,10 @@ def test_errors_exit_nonzero(capsys, monkeypatch):
     assert rc == cli.EXIT_UNAVAILABLE and "switched off for this test" in err
     rc, _, err = _run(capsys, "conv", *SMALL, "--backend", "aten")
     assert rc == cli.EXIT_UNAVAILABLE and "switched off for this test" in err
+    for command in ("explain", "bench"):  # before any tensor is made or anything is timed, as the help says
+        rc, out, err = _run(capsys, command, *SMALL, "--backend", "aten")
+        assert rc == cli.EXIT_UNAVAILABLE and "backend 'aten' is unavailable: switched off for this test" in err
+        assert "Traceback" not in err
     clear_cache()
     rc, _, _ = _run(capsys, "conform", "--filter", "no-such-case-id")
     assert rc == cli.EXIT_USAGE

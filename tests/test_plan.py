@@ -328,10 +328,11 @@ def test_options_and_reloaded_knobs_make_a_new_plan(fresh):
     assert portconv.plan(x, w, padding=1, backend="aten") is not first
 
 
-def test_plan_cache_is_bounded_lru(fresh, monkeypatch):
+def test_plan_cache_is_bounded_lru(fresh):
+    from portconv import fastpath
     from portconv import planner as plan_mod
 
-    monkeypatch.setattr(plan_mod, "CACHE_SIZE", 3)
+    fresh("PORTCONV_PLAN_CACHE", "3")
     w = torch.randn(2, 2, 3)
     plans = [portconv.plan(torch.randn(1, 2, n), w, backend="aten") for n in (5, 6, 7)]
     assert portconv.plan(torch.randn(1, 2, 5), w, backend="aten") is plans[0]  # 5 is now the most recent
@@ -339,6 +340,11 @@ def test_plan_cache_is_bounded_lru(fresh, monkeypatch):
     assert len(plan_mod._cache) == 3
     assert portconv.plan(torch.randn(1, 2, 5), w, backend="aten") is plans[0]
     assert portconv.plan(torch.randn(1, 2, 6), w, backend="aten") is not plans[1]
+    for n in range(5, 20):  # the fast path's entries are bounded alike
+        portconv.conv1d(torch.randn(1, 2, n), w, backend="aten")
+    assert len(fastpath._entries) == 3 and len(plan_mod._cache) == 3
+    with pytest.raises(ValueError, match="PORTCONV_PLAN_CACHE='0': expected a whole number >= 1"):
+        fresh("PORTCONV_PLAN_CACHE", "0")
 
 
 def test_knobs_are_typed_and_read_once(fresh):

@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3  # as portconv.cli's
 _OVERRIDES = ("dtype", "layout")  # problem flags that also apply to suite rows (they never select one-shape mode)
 
 
@@ -95,6 +95,22 @@ def _rows(a):
     return adjust(select(rows, a.rows), a.scale_batch, a.dtype, a.layout), source
 
 
+def _unavailable(names) -> list[str]:
+    """'backend B is unavailable: why' for every backend named in --backend that is absent here."""
+    from .. import backends
+    from ..backends import BackendId
+
+    out = []
+    for n in names or ():
+        n = n.strip().lower()
+        if n in ("torch", "auto", "auto+tune", "all", ""):
+            continue
+        avail = backends.get(str(BackendId.parse(n))).probe()
+        if not avail:
+            out.append(f"backend '{n}' is unavailable: {avail.reason}")
+    return out
+
+
 def main(a) -> int:
     from ..errors import Unsupported
     from . import report as _report
@@ -119,6 +135,10 @@ def main(a) -> int:
         if a.runs < 1 or a.min_runs < 1:
             raise ValueError("--runs and --min-runs must be at least 1")
         names = None if not a.backend else [s for s in a.backend.split(",") if s.strip()]
+        unavailable = _unavailable(names)
+        if unavailable:  # a backend asked for by name must be present: exit 3 with the reason, as conv and explain
+            print("portconv bench: " + "; ".join(unavailable), file=sys.stderr)
+            return EXIT_UNAVAILABLE
         check_device(a.device)
         opts = Options(runs=a.runs, min_runs=min(a.min_runs, a.runs), warmup=a.warmup, warmup_s=a.warmup_seconds,
                        budget_s=a.cell_seconds or None, directions=directions, backends=names, device=a.device,

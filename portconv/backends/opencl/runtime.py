@@ -7,7 +7,7 @@ import os
 import re
 import threading
 
-from ... import knobs, sources
+from ... import diskcache, knobs, sources
 from ...device import Availability, DeviceInfo, opencl_devices
 from ...errors import BackendUnavailable, Unsupported, VendorImportError
 from ..program import Module
@@ -233,8 +233,8 @@ class Runtime:
         return got
 
     def _build(self, module: Module):
-        cache = os.path.join(knobs.env().cache_dir, "pyopencl")
-        os.makedirs(cache, exist_ok=True)
+        where = diskcache.folder(os.path.join(knobs.env().cache_dir, "pyopencl"))  # Note [trusted cache]
+        cache = False if where is None else str(where)  # False: pyopencl builds without its binary cache
         src = sources.read("opencl", module.source)  # pyopencl's cache follows the included headers
         prg = self.cl.Program(self.ctx, src).build(options=build_options(module), devices=[self.device],
                                                    cache_dir=cache)

@@ -3,14 +3,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 import pathlib
 import re
 import threading
 import time
-import warnings
 
-from ... import knobs, sources
+from ... import diskcache, knobs, sources
 from ...errors import VendorImportError
 from ..program import Module
 
@@ -161,8 +159,10 @@ class KernelSet:
     def function(self, module: Module, device: int, name: str):
         return self.module(module, device).get_function(name)
 
-    def cache_path(self, key: str) -> pathlib.Path:
-        return pathlib.Path(knobs.env().cache_dir) / self.vendor / f"{key}.bin"
+    def cache_path(self, key: str) -> pathlib.Path | None:
+        """Where a binary is kept, or None where the cache folder is not usable (Note [trusted cache])."""
+        where = diskcache.folder(pathlib.Path(knobs.env().cache_dir) / self.vendor)
+        return None if where is None else where / f"{key}.bin"
 
     def _load(self, module: Module, device: int):
         cupy = import_cupy(self.pip_hint)
@@ -175,12 +175,11 @@ class KernelSet:
             h.update(part.encode())
             h.update(b"\0")
         path = self.cache_path(h.hexdigest()[:32])
-        binary, how = None, "disk"
-        if path.is_file():
-            binary = path.read_bytes()
-        if not binary:
+        binary, how = None if path is None else diskcache.read(path), "disk"
+        if binary is None:
             binary, how = self.build(text, module.source, options, kind), self.compiler
-            _write_atomic(path, binary)
+            if path is not None:
+                diskcache.write(path, binary)
         with cupy.cuda.Device(device):
             mod = cupy.cuda.function.Module()
             mod.load(binary)
@@ -188,13 +187,3 @@ class KernelSet:
         _events.append(CompileEvent(module.source, module.compile_defines(), arch, how, seconds, device))
         return mod
 
-
-def _write_atomic(path: pathlib.Path, data: bytes) -> None:
-    """Write via a temporary file and rename, so concurrent processes never read half a binary."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except OSError as e:  # a read-only cache directory costs a recompile next process, never a failure
-        warnings.warn(f"portconv: cannot write the kernel cache {path}: {e}", RuntimeWarning, stacklevel=3)
