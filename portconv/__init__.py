@@ -23,10 +23,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Availability", "BackendId", "BackendUnavailable", "ConvError", "ConvParams", "DeviceInfo", "Options", "Plan",
-    "Problem",
-    "Unsupported", "VendorImportError", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
-    "conv_transpose3d", "convert", "convolution", "convolution_backward", "options", "plan", "revert", "tune",
-    "use_backend",
+    "Problem", "Unsupported", "VendorImportError", "check_forward", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
+    "conv_transpose2d", "conv_transpose3d", "convert", "convolution", "convolution_backward", "custom_forward",
+    "options", "plan", "revert", "tune", "use_backend",
 ]
 
 
@@ -35,6 +34,8 @@ def __getattr__(name):  # lazy submodules: portconv.nn, .conformance, .rules, .c
 
     if name in ("convert", "revert"):  # portconv.nn imports torch: loaded on first use
         return getattr(importlib.import_module(".nn", __name__), name)
+    if name in ("custom_forward", "check_forward"):  # portconv.custom: Note [custom forward]
+        return getattr(importlib.import_module(".custom", __name__), name)
     if name in ("nn", "conformance", "rules", "cli", "bench"):
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'portconv' has no attribute {name!r}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import os
 import statistics
 import sys
 import time
@@ -309,12 +310,38 @@ def _found_backends() -> list[str]:
     return found or ["opencl"]  # nothing found: run opencl anyway, so its absence fails with the reason
 
 
+def _conform_custom(a, selected) -> int:
+    """portconv conform --custom module:function: check_forward of a user kernel (Note [custom forward])."""
+    import importlib
+
+    from .custom import check_forward
+
+    mod_name, _, attr = a.custom.partition(":")
+    if "" not in sys.path and os.getcwd() not in sys.path:  # the module is found as `python -c` would find it
+        sys.path.insert(0, os.getcwd())
+    try:
+        fn = getattr(importlib.import_module(mod_name), attr)
+    except (ImportError, AttributeError, ValueError) as e:
+        print(f"portconv conform: cannot load {a.custom!r} (module:function): {type(e).__name__}: {e}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    dtypes = [_dtype(d) for arg in (a.dtype or ["float32,float64"]) for d in arg.split(",")]
+    report = check_forward(fn, cases=selected, dtypes=dtypes, device=a.device or "cpu")
+    print(report)
+    if a.json:
+        with open(a.json, "w", encoding="utf-8") as f:
+            json.dump({"kernel": report.name, "ok": report.ok, "rows": report.rows}, f, indent=1)
+    return EXIT_OK if report.ok else EXIT_FAIL
+
+
 def cmd_conform(a) -> int:
     from .conformance import cases as _cases
     from .conformance.runner import run
     from .errors import BackendUnavailable
 
     selected = _cases.select(full=not a.subset, filters=a.filter or ())
+    if a.custom:
+        return _conform_custom(a, selected)
     if a.list:
         for c in selected:
             print(f"{c.id:<70} {c.describe()}")
@@ -410,6 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--device", default=None, help="torch device of the tensors (default: what the backend takes)")
     f.add_argument("--strict", action="store_true", help="unsupported cases count as failures")
     f.add_argument("--list", action="store_true", help="list the selected cases and exit")
+    f.add_argument("--custom", metavar="MODULE:FUNCTION", default=None,
+                   help="check a user forward kernel (portconv.custom_forward or a plain function) instead")
     f.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     f.set_defaults(func=cmd_conform)
     t = sub.add_parser("tune", help="the tuning cache file: its entries; export or import them (pre-warm a cluster)")
