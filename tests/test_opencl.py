@@ -431,3 +431,19 @@ def test_forked_children_never_call_opencl():
     r = subprocess.run([sys.executable, "-c", _FORK_SCRIPT], capture_output=True, text=True, timeout=120,
                        cwd=pathlib.Path(__file__).resolve().parents[1])
     assert r.returncode == 0 and "FORK-OK" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
+
+
+def test_negative_bit_views_are_read_negated():
+    """A view with torch's negative bit (torch._neg_view, conj().imag) is computed as its values, forward and
+    backward, not refused with numpy's message nor read un-negated."""
+    g = torch.Generator().manual_seed(0)
+    x, w, go = (torch.randn(s, generator=g) for s in ((2, 3, 6, 7), (4, 3, 3, 3), (2, 4, 4, 5)))
+    nx, nw, ngo = (torch._neg_view(t) for t in (x, w, go))
+    assert nx.is_neg() and nw.is_neg() and ngo.is_neg()
+    y = portconv.conv2d(nx, nw, backend="opencl")
+    assert torch.allclose(y, F.conv2d(-x, -w), atol=1e-5)
+    gi, gw, _ = portconv.convolution_backward(ngo, nx, nw, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
+                                              (True, True, False), backend="opencl")
+    ri, rw, _ = torch.ops.aten.convolution_backward(-go, -x, -w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
+                                                    [True, True, False])
+    assert torch.allclose(gi, ri, atol=1e-5) and torch.allclose(gw, rw, atol=1e-4)

@@ -134,6 +134,13 @@ def backward_outputs(mask) -> tuple[str | None, ...]:
     return tuple(r if m else None for r, m in zip(RESULTS[1:], mask))
 
 
+def _plain(t):
+    """``t`` with a torch view's negative bit applied (kernels read memory, not view flags: torch._neg_view and
+    conj().imag-style views would otherwise be read un-negated)."""
+    is_neg = getattr(t, "is_neg", None)
+    return t.resolve_neg() if is_neg is not None and is_neg() else t
+
+
 class ProgramRunner:
     """Runs a plan's calls: one executable per (call, mask, operand layouts), built on its first call."""
 
@@ -143,6 +150,7 @@ class ProgramRunner:
         self._backward: dict[tuple, Callable] = {}
 
     def forward(self, input, weight, bias):
+        input, weight, bias = _plain(input), _plain(weight), _plain(bias)
         k = self.loader.key
         key = (k(input), k(weight), k(bias))
         run = self._forward.get(key)
@@ -156,6 +164,7 @@ class ProgramRunner:
     def backward(self, grad_output, input, weight, mask):
         if not any(mask):
             return None, None, None
+        grad_output, input, weight = _plain(grad_output), _plain(input), _plain(weight)
         k = self.loader.key
         key = (mask, k(grad_output), k(input), k(weight))
         run = self._backward.get(key)
