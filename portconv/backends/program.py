@@ -49,8 +49,8 @@ class Module:
         return self.defines + ((("PC_ONLY", ""), (f"PC_ONLY_{self.kernel}", "")) if self.kernel else ())
 
     def describe(self) -> str:
-        only = f" ({self.kernel} only)" if self.kernel else ""
-        return self.source + "".join(f" {k}={v}" if v != "" else f" {k}" for k, v in self.defines) + only
+        """The source and its defines (the kernel, where the unit holds one, is named by the launch beside it)."""
+        return self.source + "".join(f" {k}={v}" if v != "" else f" {k}" for k, v in self.defines)
 
 
 @dataclasses.dataclass(frozen=True)

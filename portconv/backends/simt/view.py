@@ -188,7 +188,7 @@ class Launches:
                     splits=splits, flags=FLAG_WARP if warp else 0, **fields)
 
     def plan(self, summary: str) -> KernelPlan:
-        modules = list(dict.fromkeys(x.module for x in self.launches))
+        modules = list(dict.fromkeys(x.module.describe() for x in self.launches))  # define sets; a unit a kernel
         lines = [*self.notes, *(f"{x.kernel} grid {'x'.join(map(str, x.grid))}" for x in self.launches),
-                 *(m.describe() for m in modules)]
+                 *modules]
         return KernelPlan(self.result, summary, tuple(lines), tuple(self.buffers), tuple(self.launches))
