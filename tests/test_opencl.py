@@ -447,3 +447,26 @@ def test_negative_bit_views_are_read_negated():
     ri, rw, _ = torch.ops.aten.convolution_backward(-go, -x, -w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
                                                     [True, True, False])
     assert torch.allclose(gi, ri, atol=1e-5) and torch.allclose(gw, rw, atol=1e-4)
+
+
+def _stride0(n, h, w):
+    return torch.ones(1, 1, 1, 1).expand(n, 1, h, w)  # 2^31 positions in a 4-byte span
+
+
+def test_reductions_over_2_31_positions_index_in_64_bits():
+    """Issue 32 point 2: the index width follows element counts, not spans, so a weight or bias gradient over 2^31
+    positions of stride-0 operands is indexed (and its descriptor packed) in 64 bits, whatever the mask; before,
+    grad_weight returned 0 (a negative 32-bit reduction length) and grad_bias raised numpy's OverflowError."""
+    from portconv.params import ConvParams
+    from portconv.planner import backward_problem, select
+
+    x, go, w = _stride0(2**15, 256, 256), _stride0(2**15, 256, 256), torch.ones(1, 1, 1, 1)
+    params = ConvParams.make(2, 1, 0, 1, weight_shape=(1, 1, 1, 1), backward=True)
+    for mask in ((False, True, False), (False, False, True), (True, True, True)):
+        p = select(backward_problem(go, x, w, params, [1], mask), "opencl")
+        lay = p.runner.loader.layout
+        for k in p.runner.build("backward", mask, (lay(go), lay(x), lay(w))):
+            assert all(any(d == "IDX64" for d, _ in la.module.defines) for la in k.launches), (mask, k.lines())
+    _, _, gb = portconv.convolution_backward(go, x, w, [1], [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
+                                             (False, False, True), backend="opencl")
+    assert gb.item() == 2.0**31  # a work-group of 256 partial sums, each exact in float32

@@ -115,8 +115,13 @@ class Ctx:
         return self.limits.get((module, kernel), self.device.max_work_group or 256)
 
     def idx64(self, count: int, *ops: Operand | None, extra: int = 0) -> bool:
-        """64-bit indices: forced, or ``count`` work-items, ``extra`` elements or an operand beyond 32-bit offsets."""
-        return (self.options.index64 or count + 64 > INT32_MAX or extra > INT32_MAX
+        """64-bit indices: forced, or ``count`` work-items, ``extra`` elements or an operand beyond 32-bit offsets,
+        or an input or output of more elements than 32 bits count: every reduction over positions (N x the
+        positions of x or y) is at most that, so its length and loop indices fit (stride-0 operands have small
+        spans and any number of elements), as needs_index64 of the CUDA/HIP set."""
+        v = self.view
+        elements = max(v.N * v.C * math.prod(v.X), v.N * v.K * math.prod(v.Y))
+        return (self.options.index64 or count + 64 > INT32_MAX or extra > INT32_MAX or elements > INT32_MAX
                 or any(op is not None and op.big for op in ops))
 
     def module(self, source: str, idx64: bool, defines: dict | None = None) -> Module:
@@ -158,8 +163,12 @@ def launch_lines(launch: Launch) -> list[str]:
 
 
 def make_launch(module: Module, kernel: str, grid, block, args, binds, local_bytes: int = 0) -> Launch:
-    """A launch over ``grid`` work-items, each dimension rounded up to the work-group (the kernels return early)."""
+    """A launch over ``grid`` work-items, each dimension rounded up to the work-group (the kernels return early).
+    A value of the descriptor past 32 bits (a reduction over 2^31 or more positions of stride-0 operands, whose
+    spans are small) makes the module 64-bit: its descriptor and indices are then int64."""
     grid = tuple(-(-g // b) * b for g, b in zip(grid, block))
+    if not any(k == "IDX64" for k, _ in module.defines) and any(not -INT32_MAX - 1 <= a <= INT32_MAX for a in args):
+        module = Module.of(module.source, {**dict(module.defines), "IDX64": ""})
     return Launch(module, kernel, grid, tuple(block), tuple(args), tuple(binds), local_bytes=local_bytes)
 
 
@@ -220,7 +229,8 @@ def bias_grad(ctx: Ctx, t: Operand, b: Operand) -> Part:
     red = shape[0] * math.prod(shape[2:])
     name = ("depthwise_" if v.depthwise else "conv_") + "bias_grad"
     group = group_size(red)
-    mod = ctx.module("conv.cl", ctx.idx64(shape[1] * group, t, b), {"DEPTHWISE": ""} if v.depthwise else {})
+    mod = ctx.module("conv.cl", ctx.idx64(shape[1] * group, t, b, extra=red), {"DEPTHWISE": ""} if v.depthwise
+                     else {})
     ls = pow2_floor(min(group, ctx.limit(mod, name)))
     args = desc(v, N=shape[0], G=1, KG=shape[1], Y=shape[2:], ys=strides, bs=b.layout.strides[0], total=shape[1],
                 red=red)
