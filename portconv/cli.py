@@ -334,6 +334,26 @@ def _conform_custom(a, selected) -> int:
     return EXIT_OK if report.ok else EXIT_FAIL
 
 
+def _conform_fuzz(a) -> int:
+    """portconv conform --fuzz N: N random cases per backend (Note [fuzzer]); exit 1 on any failure."""
+    from .conformance.fuzz import fuzz
+    from .errors import BackendUnavailable
+
+    dtypes = [_dtype(d) for arg in (a.dtype or ["float32,float64"]) for d in arg.split(",")]
+    status = EXIT_OK
+    for bk in a.backend or _found_backends():
+        try:
+            report = fuzz(bk, a.fuzz, seed=a.seed, dtypes=dtypes, device=a.device)
+        except (ValueError, BackendUnavailable) as e:
+            print(f"portconv conform: {e}", file=sys.stderr)
+            status = max(status, EXIT_USAGE if isinstance(e, ValueError) else EXIT_UNAVAILABLE)
+            continue
+        print(report)
+        if report.failures:
+            status = max(status, EXIT_FAIL)
+    return status
+
+
 def cmd_conform(a) -> int:
     from .conformance import cases as _cases
     from .conformance.runner import run
@@ -342,6 +362,8 @@ def cmd_conform(a) -> int:
     selected = _cases.select(full=not a.subset, filters=a.filter or ())
     if a.custom:
         return _conform_custom(a, selected)
+    if a.fuzz:
+        return _conform_fuzz(a)
     if a.list:
         for c in selected:
             print(f"{c.id:<70} {c.describe()}")
@@ -437,6 +459,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--device", default=None, help="torch device of the tensors (default: what the backend takes)")
     f.add_argument("--strict", action="store_true", help="unsupported cases count as failures")
     f.add_argument("--list", action="store_true", help="list the selected cases and exit")
+    f.add_argument("--fuzz", type=int, default=0, metavar="N",
+                   help="N random problems and layouts per backend instead of the grid (Note [fuzzer])")
+    f.add_argument("--seed", type=int, default=0, help="with --fuzz: the sequence's seed")
     f.add_argument("--custom", metavar="MODULE:FUNCTION", default=None,
                    help="check a user forward kernel (portconv.custom_forward or a plain function) instead")
     f.add_argument("-q", "--quiet", action="store_true", help="no progress bar")

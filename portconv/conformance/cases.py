@@ -13,6 +13,7 @@ from ..params import ConvParams
 MASKS = ((True, True, True), (True, True, True), (True, True, True), (True, False, False), (False, True, False),
          (False, False, True), (False, True, True), (True, True, False), (True, False, True))
 LAYOUTS = ("contig", "chlast", "strided")  # chlast of a 1-D problem is an (N, L, C) buffer seen as (N, C, L)
+EXTRA_LAYOUTS = ("expanded",)  # the fuzzer's (Note [fuzzer]): stride-0 leading axes
 BATCHES = (2, 1, 3, 2)
 
 # MIOpenDriver's flags per spatial dim (driver/conv_driver.hpp); 1-D problems use the W flags. `portconv conv`
@@ -57,7 +58,7 @@ class Case:
     def __post_init__(self):
         if not self.output_padding:
             object.__setattr__(self, "output_padding", (0,) * self.rank)
-        assert self.layout in LAYOUTS, self.layout
+        assert self.layout in LAYOUTS + EXTRA_LAYOUTS, self.layout
         assert len(self.spatial) == len(self.kernel) == len(self.stride) == len(self.dilation) == self.rank
 
     # --- naming -------------------------------------------------------------------------------------

@@ -48,7 +48,8 @@ def _buffer(gen: torch.Generator | None, shape, dtype, device) -> torch.Tensor:
 
 
 def _in_layout(x: torch.Tensor, layout: str, gen: torch.Generator | None, device) -> torch.Tensor:
-    """``x`` (CPU, dense, in its dtype) on ``device``: contiguous, channels-last, or a strided view with an offset.
+    """``x`` (CPU, dense, in its dtype) on ``device``: contiguous, channels-last, a strided view with an offset, or
+    (the fuzzer's 'expanded') its first leading slice expanded with stride 0.
 
     The unused elements around a strided view hold random values too (seeded), never zeros; with ``gen`` None
     (tensors for planning only) nothing is filled.
@@ -69,7 +70,9 @@ def _in_layout(x: torch.Tensor, layout: str, gen: torch.Generator | None, device
         if gen is not None:
             view.copy_(x)
         return view
-    if layout in ("contig", "chlast"):
+    if layout == "expanded" and x.dim() >= 3:  # the first batch row (weight: first output channel), stride 0
+        return x[:1].contiguous().to(device).expand(x.shape)
+    if layout in ("contig", "chlast", "expanded"):
         return x.contiguous().to(device)
     raise ValueError(f"unknown layout {layout!r}")
 
