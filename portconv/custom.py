@@ -125,8 +125,12 @@ class CustomForward:
         return out.contiguous()
 
     def _fake(self, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+        from .ops import _specs  # fake tensors' specs at their size hints (Note [custom ops])
+
         params = ConvParams.make(weight.dim() - 2, stride, padding, dilation, transposed, output_padding, groups,
                                  weight_shape=tuple(weight.shape))
+        ispec, wspec, *bspec = _specs(input, weight, *(() if bias is None else (bias,)))
+        validate.check_forward(ispec, wspec, bspec[0] if bspec else None, params)  # under a tracer, the wrapper's
         return input.new_empty(params.output_shape(tuple(input.shape), tuple(weight.shape)))
 
     @staticmethod

@@ -116,6 +116,9 @@ def test_compile_fullgraph_and_autocast():
     got = f(xr, wr, br)
     got.backward()
     assert torch.allclose(got, want, rtol=1e-5) and wr.grad is not None and torch.isfinite(wr.grad).all()
+    with pytest.raises(Exception, match=r"expected input\[2, 8, 9, 10\] to have 16 channels"):  # under the tracer
+        torch.compile(lambda a, c: good(a, c, None, 1, 1, 1, 4), fullgraph=True, backend="aot_eager")(
+            x, torch.randn(8, 4, 3, 3))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y, ref = good(x, w, b, 1, 1, 1, 8), F.conv2d(x, w, b, 1, 1, 1, 8)
     assert y.dtype == ref.dtype == torch.bfloat16
