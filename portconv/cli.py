@@ -21,11 +21,10 @@ def _device(a):
     from .conformance.runner import default_device
 
     try:
-        if a.backend and a.backend != "auto":
-            avail = backends.get(a.backend).probe()
-            if not avail:
-                print(f"portconv: backend '{a.backend}' is unavailable: {avail.reason}", file=sys.stderr)
-                raise SystemExit(EXIT_UNAVAILABLE)
+        why = backends.unavailable(a.backend) if a.backend and a.backend != "auto" else ""
+        if why:
+            print(f"portconv: {why}", file=sys.stderr)
+            raise SystemExit(EXIT_UNAVAILABLE)
         device = torch.device(a.device) if a.device else default_device(a.backend)
     except (ValueError, RuntimeError) as e:  # an unknown backend or device name
         print(f"portconv: {e}", file=sys.stderr)

@@ -49,24 +49,25 @@ class CustomForward:
         self.op.register_autograd(self._backward, setup_context=self._setup)
 
     # the F.conv*d-style entry ---------------------------------------------------------------------------------
-    def __call__(self, input, weight, bias=None, stride=1, padding=0, *rest):
-        if self.transposed:  # F.conv_transpose*d: (..., output_padding=0, groups=1, dilation=1)
+    def _params(self, x, weight, stride, padding, rest) -> ConvParams:
+        """The call's ConvParams: ``rest`` is F.conv*d's (dilation, groups) or F.conv_transpose*d's (output_padding,
+        groups, dilation); ``x`` batched."""
+        if self.transposed:
             output_padding, groups, dilation = _rest(rest, (0, 1, 1))
-        else:  # F.conv*d: (..., dilation=1, groups=1)
-            dilation, groups = _rest(rest, (1, 1))
-            output_padding = 0
+        else:
+            (dilation, groups), output_padding = _rest(rest, (1, 1)), 0
+        return ConvParams.make(self.rank or weight.dim() - 2, stride, padding, dilation, self.transposed,
+                               output_padding, groups, weight_shape=tuple(weight.shape), input_shape=tuple(x.shape))
+
+    def __call__(self, input, weight, bias=None, stride=1, padding=0, *rest):
         rank = self.rank or weight.dim() - 2
-        fname = f"conv{'_transpose' if self.transposed else ''}{rank}d"
         if composite.fastpath.special():
             input, weight, bias = composite.autocast(input, weight, bias)
         tracing = torch.compiler.is_compiling()
-        if not tracing:
-            is_batched = validate.batchify(spec_of(input), rank, fname)
-        else:
-            is_batched = input.dim() == rank + 2
+        fname = f"conv{'_transpose' if self.transposed else ''}{rank}d"
+        is_batched = input.dim() == rank + 2 if tracing else validate.batchify(spec_of(input), rank, fname)
         x = input if is_batched else input[None]
-        params = ConvParams.make(rank, stride, padding, dilation, self.transposed, output_padding, groups,
-                                 weight_shape=tuple(weight.shape), input_shape=tuple(x.shape))
+        params = self._params(x, weight, stride, padding, rest)
         if not tracing:
             if not self.transposed and not isinstance(padding, str):  # F.conv*d compares the bias dtype first
                 validate.check_functional_bias(spec_of(x), None if bias is None else spec_of(bias))
@@ -79,18 +80,14 @@ class CustomForward:
 
     def explain(self, input, weight, bias=None, stride=1, padding=0, *rest) -> str:
         """What runs: the user kernel (or why not) for the forward, and portconv's plan for the gradients."""
-        rank = weight.dim() - 2
-        rest = _rest(rest, (0, 1, 1) if self.transposed else (1, 1))
-        output_padding, groups, dilation = rest if self.transposed else (0, rest[1], rest[0])
-        x = input if input.dim() == rank + 2 else input[None]
-        params = ConvParams.make(rank, stride, padding, dilation, self.transposed, output_padding, groups,
-                                 weight_shape=tuple(weight.shape), input_shape=tuple(x.shape))
+        x = input if input.dim() == (self.rank or weight.dim() - 2) + 2 else input[None]
+        params = self._params(x, weight, stride, padding, rest)
         problem = Problem(params, spec_of(x), spec_of(weight), bias is not None)
         ours = self.supports is None or bool(self.supports(problem))
         head = (f"forward      user kernel {self.name}" if ours else
                 f"forward      portconv's own: {self.name}'s supports() rejects this problem")
-        p = functional.plan(x, weight, bias, params.stride, params.padding if not any(params.padding_extra) else
-                            padding, params.dilation, self.transposed, params.output_padding, params.groups)
+        p = functional.plan(x, weight, bias, stride, padding, params.dilation, self.transposed,
+                            params.output_padding, params.groups)
         text = p.explain(results=("grad_input", "grad_weight", "grad_bias") if ours else
                          ("output", "grad_input", "grad_weight", "grad_bias"))
         lines = [ln for ln in text.splitlines() if not ln.startswith("autograd ")]  # the op's own: the gradients

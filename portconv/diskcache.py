@@ -29,12 +29,17 @@ _warned: set[str] = set()
 _lock = threading.Lock()
 
 
-def _warn_once(key: str, text: str) -> None:
+def warn_once(key: str, text: str, category: type[Warning] = CacheWarning, stacklevel: int = 2) -> None:
+    """Warn ``text`` the first time ``key`` is seen in this process (a cache's trouble is said once)."""
     with _lock:
         if key in _warned:
             return
         _warned.add(key)
-    warnings.warn(f"portconv: {text}", CacheWarning, stacklevel=3)
+    warnings.warn(f"portconv: {text}", category, stacklevel=stacklevel + 1)
+
+
+def _warn_once(key: str, text: str) -> None:
+    warn_once(key, text, CacheWarning, 3)
 
 
 def untrusted(folder: pathlib.Path) -> str:

@@ -14,7 +14,7 @@ import tempfile
 import time
 import warnings
 
-from . import knobs, validate
+from . import diskcache, knobs, validate
 from .backends import BackendId
 from .errors import BackendUnavailable, Unsupported
 from .policy import candidates
@@ -57,13 +57,13 @@ def _valid(entry) -> bool:
     return all(type(t) in (int, float) and math.isfinite(t) and t >= 0 for t in times.values())
 
 
-_warned: set[tuple[str, str]] = set()
+def _good(entries: dict) -> dict:
+    """The well-formed entries of a file's entries (Note [tuning cache file])."""
+    return {k: e for k, e in entries.items() if isinstance(k, str) and _valid(e)}
 
 
 def _warn_once(path: str, why: str, stacklevel: int) -> None:
-    if (path, why) not in _warned:
-        _warned.add((path, why))
-        warnings.warn(f"portconv: tuning cache {path}: {why}", TuneCacheWarning, stacklevel=stacklevel + 1)
+    diskcache.warn_once(f"tune {path}: {why}", f"tuning cache {path}: {why}", TuneCacheWarning, stacklevel + 1)
 
 
 def _read(path: str) -> tuple[dict | None, str]:
@@ -88,7 +88,7 @@ def load(path: str | None = None, warn: bool = True) -> dict:
         if warn:
             _warn_once(path, f"ignoring it ({why}); its problems are timed again and the file is rewritten", 2)
         return {}
-    good = {k: e for k, e in entries.items() if isinstance(k, str) and _valid(e)}
+    good = _good(entries)
     if warn and len(good) < len(entries):
         _warn_once(path, f"ignoring {len(entries) - len(good)} malformed entries (kept {len(good)}); they are left "
                    "out when the file is next written", 2)
@@ -122,8 +122,7 @@ def _merge(path: str, new: dict) -> int:
             os.replace(path, bad)
             _warn_once(path, f"moved aside to {bad} ({why}); a new file begins", 3)
             entries = {}
-        entries = {k: e for k, e in entries.items() if isinstance(k, str) and _valid(e)}
-        entries.update({k: e for k, e in new.items() if isinstance(k, str) and _valid(e)})
+        entries = {**_good(entries), **_good(new)}
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tune-", suffix=".tmp")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -157,7 +156,7 @@ def import_entries(src: str, path: str | None = None) -> tuple[int, int]:
     entries, why = _read(src)
     if entries is None or not os.path.exists(src):
         raise ValueError(f"{src} is not a portconv tuning cache file ({why or 'not found'})")
-    good = {k: e for k, e in entries.items() if isinstance(k, str) and _valid(e)}
+    good = _good(entries)
     return len(good), _merge(path or cache_path(), good)
 
 

@@ -127,3 +127,10 @@ def get(bid: BackendId | str) -> Backend:
 
 def all_ids() -> list[BackendId]:
     return list(BackendId)
+
+
+def unavailable(name: BackendId | str) -> str:
+    """"backend 'NAME' is unavailable: why" when the named backend's probe says no, else ''; ValueError for a name
+    that is not a backend (the CLI's exit 3 and 2)."""
+    avail = get(name).probe()
+    return "" if avail else f"backend '{BackendId.parse(name)}' is unavailable: {avail.reason}"

@@ -98,17 +98,10 @@ def _rows(a):
 def _unavailable(names) -> list[str]:
     """'backend B is unavailable: why' for every backend named in --backend that is absent here."""
     from .. import backends
-    from ..backends import BackendId
 
-    out = []
-    for n in names or ():
-        n = n.strip().lower()
-        if n in ("torch", "auto", "auto+tune", "all", ""):
-            continue
-        avail = backends.get(str(BackendId.parse(n))).probe()
-        if not avail:
-            out.append(f"backend '{n}' is unavailable: {avail.reason}")
-    return out
+    named = [n.strip().lower() for n in names or ()]
+    whys = [backends.unavailable(n) for n in named if n not in ("torch", "auto", "auto+tune", "all", "")]
+    return [w for w in whys if w]
 
 
 def main(a) -> int:

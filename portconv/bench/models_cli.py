@@ -106,6 +106,7 @@ def main(a) -> int:
     from . import models_report
     from .models_first import run_first
     from .models_run import run
+    from .report import write_json
     from .settings import check_device
 
     def log(msg):
@@ -120,7 +121,7 @@ def main(a) -> int:
         return EXIT_USAGE
     if a.out:
         pathlib.Path(a.out).mkdir(parents=True, exist_ok=True)
-        opts.on_cell = lambda rep: models_report.write_json(rep, pathlib.Path(a.out) / "models.json")
+        opts.on_cell = lambda rep: write_json(rep, pathlib.Path(a.out) / "models.json")
     if old:
         log(f"resuming {a.out}/models.json: {sum(c['status'] == 'done' for c in old['cells'])} cell(s) done")
     rep = run_first(specs, opts) if a.first_step else run(specs, opts)

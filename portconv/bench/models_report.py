@@ -1,11 +1,10 @@
 """The model benchmark's output: terminal table, models.md, models.json and models.png (step-time ratio per cell)."""
 from __future__ import annotations
 
-import json
 import math
 import pathlib
 
-from .report import geomean
+from .report import geomean, write_outputs
 
 
 def _ms(v) -> str:
@@ -236,23 +235,7 @@ def chart(rep: dict, path) -> tuple[pathlib.Path | None, str | None]:
     return path, None
 
 
-def write_json(rep: dict, path) -> None:
-    pathlib.Path(path).write_text(json.dumps(rep, indent=1, default=str) + "\n")
-
-
 def write_all(rep: dict, out_dir, log=print) -> dict[str, str]:
-    """models.json, models.md and models.png (or the printed reason the chart was skipped) under ``out_dir``."""
-    d = pathlib.Path(out_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    paths = {"json": str(d / "models.json"), "markdown": str(d / "models.md")}
-    png, why = chart(rep, d / "models.png")
-    if png:
-        paths["chart"] = str(png)
-    else:
-        log(f"chart skipped: {why}")
-    rep["outputs"] = {**paths, "chart_skipped": why}
+    """models.json, models.md and models.png under ``out_dir`` (report.write_outputs), with the summary."""
     rep["summary"] = summary(rep)
-    write_json(rep, paths["json"])
-    pathlib.Path(paths["markdown"]).write_text(markdown(rep) + ("\n![x PyTorch per model](models.png)\n" if png else
-                                                               f"\nChart skipped: {why}\n"))
-    return paths
+    return write_outputs(rep, out_dir, "models", chart, markdown, "x PyTorch per model", log)

@@ -291,21 +291,27 @@ def write_json(report: dict, path: str | pathlib.Path) -> None:
     pathlib.Path(path).write_text(json.dumps(report, indent=1, default=str) + "\n")
 
 
-def write_all(report: dict, out_dir: str | pathlib.Path, log=print) -> dict[str, str]:
-    """bench.json, bench.md and bench.png (the chart, or the printed reason it was skipped) under ``out_dir``."""
-    from .chart import chart
-
+def write_outputs(report: dict, out_dir: str | pathlib.Path, stem: str, chart, markdown, caption: str,
+                  log=print) -> dict[str, str]:
+    """<stem>.json, <stem>.md and <stem>.png (``chart``'s, or the printed reason it was skipped) under ``out_dir``;
+    the report records where they went."""
     d = pathlib.Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
-    paths = {"json": str(d / "bench.json"), "markdown": str(d / "bench.md")}
-    png, why = chart(report, d / "bench.png")
+    paths = {"json": str(d / f"{stem}.json"), "markdown": str(d / f"{stem}.md")}
+    png, why = chart(report, d / f"{stem}.png")
     if png:
         paths["chart"] = str(png)
     else:
         log(f"chart skipped: {why}")
     report["outputs"] = {**paths, "chart_skipped": why}
     write_json(report, paths["json"])
-    pathlib.Path(paths["markdown"]).write_text(markdown(report)
-                                               + ("\n![speed-up vs PyTorch](bench.png)\n" if png else
-                                                  f"\nChart skipped: {why}\n"))
+    tail = f"\n![{caption}]({stem}.png)\n" if png else f"\nChart skipped: {why}\n"
+    pathlib.Path(paths["markdown"]).write_text(markdown(report) + tail)
     return paths
+
+
+def write_all(report: dict, out_dir: str | pathlib.Path, log=print) -> dict[str, str]:
+    """bench.json, bench.md and bench.png under ``out_dir`` (write_outputs)."""
+    from .chart import chart
+
+    return write_outputs(report, out_dir, "bench", chart, markdown, "speed-up vs PyTorch", log)

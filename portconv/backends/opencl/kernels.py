@@ -164,11 +164,10 @@ def launch_lines(launch: Launch) -> list[str]:
 
 def make_launch(module: Module, kernel: str, grid, block, args, binds, local_bytes: int = 0) -> Launch:
     """A launch over ``grid`` work-items, each dimension rounded up to the work-group (the kernels return early).
-    A value of the descriptor past 32 bits (a reduction over 2^31 or more positions of stride-0 operands, whose
-    spans are small) makes the module 64-bit: its descriptor and indices are then int64."""
+    A 32-bit module's descriptor must fit 32 bits: Ctx.idx64 decides the width, this only asserts it held."""
     grid = tuple(-(-g // b) * b for g, b in zip(grid, block))
-    if not any(k == "IDX64" for k, _ in module.defines) and any(not -INT32_MAX - 1 <= a <= INT32_MAX for a in args):
-        module = Module.of(module.source, {**dict(module.defines), "IDX64": ""})
+    assert any(k == "IDX64" for k, _ in module.defines) or all(-INT32_MAX - 1 <= a <= INT32_MAX for a in args), \
+        f"{kernel}: a descriptor value passes 32 bits in a 32-bit module (Ctx.idx64)"
     return Launch(module, kernel, grid, tuple(block), tuple(args), tuple(binds), local_bytes=local_bytes)
 
 
@@ -229,8 +228,7 @@ def bias_grad(ctx: Ctx, t: Operand, b: Operand) -> Part:
     red = shape[0] * math.prod(shape[2:])
     name = ("depthwise_" if v.depthwise else "conv_") + "bias_grad"
     group = group_size(red)
-    mod = ctx.module("conv.cl", ctx.idx64(shape[1] * group, t, b, extra=red), {"DEPTHWISE": ""} if v.depthwise
-                     else {})
+    mod = ctx.module("conv.cl", ctx.idx64(shape[1] * group, t, b), {"DEPTHWISE": ""} if v.depthwise else {})
     ls = pow2_floor(min(group, ctx.limit(mod, name)))
     args = desc(v, N=shape[0], G=1, KG=shape[1], Y=shape[2:], ys=strides, bs=b.layout.strides[0], total=shape[1],
                 red=red)

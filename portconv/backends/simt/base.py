@@ -29,6 +29,14 @@ class SimtBackend(Backend):
         """The kernel set (compiled modules, cached in memory and on disk)."""
         raise NotImplementedError
 
+    def devices(self) -> list[DeviceInfo]:
+        if not self.probe():
+            return []
+        from . import compile, runtime
+
+        cupy = compile.import_cupy(self.pip_hint)
+        return [runtime.device_info("cupy", i) for i in range(cupy.cuda.runtime.getDeviceCount())]
+
     def loader(self, problem: Problem):
         """The program.Loader of this problem's tensors (torch tensors or CuPy arrays)."""
         from .runtime import Loader

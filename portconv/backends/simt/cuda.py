@@ -58,9 +58,3 @@ class CudaBackend(base.SimtBackend):
 
             tf32 = rules.conv_tf32(torch)
         return self.choose_for(problem, device, options, tf32)
-
-    def devices(self) -> list[DeviceInfo]:
-        if not self.probe():
-            return []
-        cupy = compile.import_cupy(self.pip_hint)
-        return [runtime.device_info("cupy", i) for i in range(cupy.cuda.runtime.getDeviceCount())]

@@ -160,9 +160,3 @@ class HipBackend(base.SimtBackend):
         how = mode(device)
         c = self.choose_for(problem, device, options)
         return dataclasses.replace(c, reason=f"{how}; {c.reason}")
-
-    def devices(self) -> list[DeviceInfo]:
-        if not self.probe():
-            return []
-        cupy = compile.import_cupy(self.pip_hint)
-        return [runtime.device_info("cupy", i) for i in range(cupy.cuda.runtime.getDeviceCount())]
