@@ -134,6 +134,14 @@ inline void pos4_add(pos4 *p, const pos4 step, idx_t D, idx_t H, idx_t W) {
     p->b += step.b + c;
 }
 
+/* Note [blocked sums]: one float32 accumulator over a long reduction loses accuracy (2^24 ones saturate it; random
+ * terms lose about eps * sqrt(n) relative). Every grad-weight and grad-bias walk therefore adds its terms into a block
+ * accumulator and, every RED_BLOCK terms (a power of two), the block into a running total: both sums stay short, so
+ * random terms lose about eps * (sqrt(RED_BLOCK) + sqrt(n / RED_BLOCK)), and a walk's sum of ones is exact up to
+ * 2^24 * RED_BLOCK terms (whole blocks are multiples of RED_BLOCK). The implicit GEMM's splits are whole blocks
+ * (portconv/backends/opencl/igemm.py keeps RED_BLOCK in step); partials meet in fixed trees or in split order. */
+#define RED_BLOCK 4096
+
 /* Tree reduction of one value per work-item over a power-of-two work-group; returns the sum to all. */
 inline ACC group_sum(__local ACC *scratch, ACC v) {
     const int l = (int)get_local_id(0);

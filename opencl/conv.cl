@@ -103,19 +103,21 @@ __kernel void KNAME(bwd_weight)(const conv_desc d, __global const T *x, __global
     const idx_t xb = d.xo + ci * d.xs[1] + (r0 * d.DL[0] - d.P[0]) * d.xs[2]
                      + (r1 * d.DL[1] - d.P[1]) * d.xs[3] + (r2 * d.DL[2] - d.P[2]) * d.xs[4];
     const idx_t yb = d.yo + co * d.ys[1];
-    ACC acc = 0;
+    ACC acc = 0, tot = 0;  /* Note [blocked sums] (common.h) */
     if (l < cnt) {
         const pos4 step = pos4_of(L, n0, n1, n2);
         pos4 q = pos4_of(l, n0, n1, n2);
+        int nb = 0;
         for (idx_t j = l; j < cnt; j += L, pos4_add(&q, step, n0, n1, n2)) {
             const idx_t o0 = lo0 + q.z, o1 = lo1 + q.y, o2 = lo2 + q.x;
             const idx_t xp = xb + q.b * d.xs[0] + o0 * d.S[0] * d.xs[2] + o1 * d.S[1] * d.xs[3]
                              + o2 * d.S[2] * d.xs[4];
             const idx_t yp = yb + q.b * d.ys[0] + o0 * d.ys[2] + o1 * d.ys[3] + o2 * d.ys[4];
             acc += LD(y, yp) * LD(x, xp);
+            if (++nb == RED_BLOCK) tot += acc, acc = 0, nb = 0;
         }
     }
-    acc = group_sum(scratch, acc);
+    acc = group_sum(scratch, tot + acc);
     if (l == 0 && grp < d.total)
         ST(w, d.wo + co * d.ws[0] + c * d.ws[1] + r0 * d.ws[2] + r1 * d.ws[3] + r2 * d.ws[4], acc);
 }
@@ -126,13 +128,16 @@ __kernel void KNAME(bias_grad)(const conv_desc d, __global const T *y, __global 
     const idx_t l = (idx_t)get_local_id(0);
     const idx_t L = (idx_t)get_local_size(0);
     const idx_t yb = d.yo + co * d.ys[1];
-    ACC acc = 0;
+    ACC acc = 0, tot = 0;  /* Note [blocked sums] (common.h) */
     if (l < d.red) {
         const pos4 step = pos4_of(L, d.Y[0], d.Y[1], d.Y[2]);
         pos4 q = pos4_of(l, d.Y[0], d.Y[1], d.Y[2]);
-        for (idx_t j = l; j < d.red; j += L, pos4_add(&q, step, d.Y[0], d.Y[1], d.Y[2]))
+        int nb = 0;
+        for (idx_t j = l; j < d.red; j += L, pos4_add(&q, step, d.Y[0], d.Y[1], d.Y[2])) {
             acc += LD(y, yb + q.b * d.ys[0] + q.z * d.ys[2] + q.y * d.ys[3] + q.x * d.ys[4]);
+            if (++nb == RED_BLOCK) tot += acc, acc = 0, nb = 0;
+        }
     }
-    acc = group_sum(scratch, acc);
+    acc = group_sum(scratch, tot + acc);
     if (l == 0 && co < d.total) ST(b, d.bo + co * d.bs, acc);
 }

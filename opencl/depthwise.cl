@@ -506,12 +506,13 @@ __kernel void dw_bwd_weight(const conv_desc d, __global const T *x, __global con
     const idx_t yb = d.yo + co * d.ys[1];
     const span_t xsp = tensor_span(d.xo, d.xs, d.N, d.G, d.X);
     const span_t ysp = tensor_span(d.yo, d.ys, d.N, d.G * d.KG, d.Y);
-    VT acc[TAPS];
+    VT acc[TAPS], tot[TAPS];  /* Note [blocked sums] (common.h): a call of bww_rows adds <= DW_RB terms a tap */
 #pragma unroll
-    for (int t = 0; t < TAPS; ++t) acc[t] = (VT)0;
+    for (int t = 0; t < TAPS; ++t) acc[t] = tot[t] = (VT)0;
     if (jb + l < je) {
         const pos4 step = pos4_of((idx_t)L, d.Y[0], nr, nb);
         pos4 q = pos4_of(jb + l, d.Y[0], nr, nb);
+        int blk = 0;
         for (idx_t j = jb + l; j < je; j += L, pos4_add(&q, step, d.Y[0], nr, nb)) {
             const idx_t ow0 = q.x * DW_VW;
             const idx_t c0 = ow0 * DW_S2 - d.P[2];
@@ -521,10 +522,15 @@ __kernel void dw_bwd_weight(const conv_desc d, __global const T *x, __global con
                 bww_rows(&d, x, y, xn, yrow, q.z, q.y * DW_RB, ow0, acc, 1, xsp, ysp);
             else
                 bww_rows(&d, x, y, xn, yrow, q.z, q.y * DW_RB, ow0, acc, 0, xsp, ysp);
+            if (++blk == RED_BLOCK / DW_RB) {
+                blk = 0;
+#pragma unroll
+                for (int t = 0; t < TAPS; ++t) tot[t] += acc[t], acc[t] = (VT)0;
+            }
         }
     }
 #pragma unroll
-    for (int t = 0; t < TAPS; ++t) scratch[t * L + l] = hsum(acc[t]);
+    for (int t = 0; t < TAPS; ++t) scratch[t * L + l] = hsum(tot[t] + acc[t]);
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int h = L >> 1; h > 0; h >>= 1) {
         if (l < h)
@@ -673,12 +679,13 @@ __kernel void dw_cl_bwd_weight(const conv_desc d, __global const T *x, __global 
 #endif
     const idx_t cnt = d.N * d.Y[0] * d.Y[1] * d.Y[2];
     const idx_t jb = s * d.red, je = jb + d.red < cnt ? jb + d.red : cnt;
-    VT acc[TAPS];
+    VT acc[TAPS], tot[TAPS];  /* Note [blocked sums] (common.h) */
 #pragma unroll
-    for (int t = 0; t < TAPS; ++t) acc[t] = (VT)0;
+    for (int t = 0; t < TAPS; ++t) acc[t] = tot[t] = (VT)0;
     if (live && jb + lp < je) {
         pos4 q = pos4_of(jb + lp, d.Y[0], d.Y[1], d.Y[2]);
         const pos4 step = pos4_of(DW_CLR, d.Y[0], d.Y[1], d.Y[2]);
+        int blk = 0;
         for (idx_t j = jb + lp; j < je; j += DW_CLR) {
             const idx_t xb = d.xo + q.b * d.xs[0] + c0;
             const VT dy = VLOAD(y + d.yo + q.b * d.ys[0] + c0 + q.z * d.ys[2] + q.y * d.ys[3] + q.x * d.ys[4]);
@@ -691,8 +698,15 @@ __kernel void dw_cl_bwd_weight(const conv_desc d, __global const T *x, __global 
                 acc[t] = FMA(VLOAD(x + xb + i0 * d.xs[2] + i1 * d.xs[3] + i2 * d.xs[4]), dy, acc[t]);
             }
             pos4_add(&q, step, d.Y[0], d.Y[1], d.Y[2]);
+            if (++blk == RED_BLOCK) {
+                blk = 0;
+#pragma unroll
+                for (int t = 0; t < TAPS; ++t) tot[t] += acc[t], acc[t] = (VT)0;
+            }
         }
     }
+#pragma unroll
+    for (int t = 0; t < TAPS; ++t) acc[t] += tot[t];
 #if DW_CLR > 1
     __local CT red[DW_CLR][DW_CLB * DW_VW];
     __local CT *mine = red[lp] + (int)get_local_id(0) * DW_VW;

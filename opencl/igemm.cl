@@ -427,6 +427,7 @@ IG_INLINE void ig_bwd_weight_put(const ig_bwd_weight_op *op, __global T *dw, __g
 
 #define IG_OP bwd_weight
 #define IG_TM_OP 0
+#define IG_BLOCKED 1 /* Note [blocked sums] (common.h): the reduction runs over positions, as long as N x Y */
 #include "igemm_tile.h"
 
 /* ---- kernels ------------------------------------------------------------------------------------------------ */

@@ -76,6 +76,29 @@ IG_INLINE void IGN(_tile)(const IGN(_op) *op, __global const T *pa, __global con
 #pragma unroll
         for (int j = 0; j < IG_TN; ++j) acc[i][j] = 0;
 #endif
+#if IG_BLOCKED /* Note [blocked sums] (common.h): every RED_BLOCK positions the block's products join tot */
+#if IG_TC
+    float tot[IG_MI][IG_NI][4];
+#pragma unroll
+    for (int i = 0; i < IG_MI; ++i)
+#pragma unroll
+        for (int j = 0; j < IG_NI; ++j) tot[i][j][0] = tot[i][j][1] = tot[i][j][2] = tot[i][j][3] = 0;
+#define IG_FLUSH(z)                                                                                                 \
+    for (int i = 0; i < IG_MI; ++i)                                                                                 \
+        for (int j = 0; j < IG_NI; ++j)                                                                             \
+            for (int e = 0; e < 4; ++e) tot[i][j][e] += acc[i][j][e], acc[i][j][e] = z ? 0 : tot[i][j][e]
+#else
+    ACC tot[IG_TM][IG_TN];
+#pragma unroll
+    for (int i = 0; i < IG_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < IG_TN; ++j) tot[i][j] = 0;
+#define IG_FLUSH(z)                                                                                                 \
+    for (int i = 0; i < IG_TM; ++i)                                                                                 \
+        for (int j = 0; j < IG_TN; ++j) tot[i][j] += acc[i][j], acc[i][j] = z ? 0 : tot[i][j]
+#endif
+    int blk = 0;
+#endif
 #if IG_TM_OP /* the work-item's reduction position as (channel, tap digits), stepped without divisions */
     const idx_t tch = IGN(_ch)(op), tr1 = IGN(_r1)(op), tr2 = IGN(_r2)(op);
     ig_tap tp = ig_tap_of(rbeg + rr, tch, tr1, tr2);
@@ -122,8 +145,18 @@ IG_INLINE void IGN(_tile)(const IGN(_op) *op, __global const T *pa, __global con
 #if !IG_PREFETCH
         if (r0 + IG_BK < rend) IG_FETCH_NEXT();
 #endif
+#if IG_BLOCKED
+        if (++blk == RED_BLOCK / IG_BK) {
+            blk = 0;
+            IG_FLUSH(1); /* the block joins tot; acc starts the next block */
+        }
+#endif
     }
 #undef IG_FETCH_NEXT
+#if IG_BLOCKED
+    IG_FLUSH(0); /* acc = tot + the last block's products */
+#undef IG_FLUSH
+#endif
 #if IG_TC /* lane (g, t) of warp w owns rows g, g + 8 and columns 2t, 2t + 1 of each of its 16 x 8 tiles */
     const int lane = tid & 31, warp = tid >> 5;
     const idx_t mw = m0 + (warp % IG_WM) * IG_WTM + (lane >> 2), nw = n0 + (warp / IG_WM) * IG_WTN + 2 * (lane & 3);
@@ -161,3 +194,4 @@ IG_INLINE void IGN(_tile)(const IGN(_op) *op, __global const T *pa, __global con
 #undef IGN
 #undef IG_OP
 #undef IG_TM_OP
+#undef IG_BLOCKED

@@ -353,6 +353,28 @@ def _conform_fuzz(a) -> int:
     return status
 
 
+def _conform_long(a) -> int:
+    """portconv conform --long-reductions: Note [long reductions] per own kernel set; exit 1 on any failure."""
+    from .conformance import longred
+    from .conformance.runner import default_device
+    from .errors import BackendUnavailable
+
+    status = EXIT_OK
+    for bk in a.backend or [b for b in _found_backends() if b in ("opencl", "cuda", "hip")]:
+        try:
+            rows = longred.run(bk, a.device or default_device(bk))
+        except (ValueError, BackendUnavailable) as e:
+            print(f"portconv conform: {e}", file=sys.stderr)
+            status = max(status, EXIT_USAGE if isinstance(e, ValueError) else EXIT_UNAVAILABLE)
+            continue
+        print(f"{bk}: long float32 reductions (Note [long reductions])")
+        for r in rows:
+            print("  " + r.line())
+        if not all(r.ok for r in rows):
+            status = max(status, EXIT_FAIL)
+    return status
+
+
 def cmd_conform(a) -> int:
     from .conformance import cases as _cases
     from .conformance.runner import run
@@ -363,6 +385,8 @@ def cmd_conform(a) -> int:
         return _conform_custom(a, selected)
     if a.fuzz:
         return _conform_fuzz(a)
+    if a.long_reductions:
+        return _conform_long(a)
     if a.list:
         for c in selected:
             print(f"{c.id:<70} {c.describe()}")
@@ -461,6 +485,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--fuzz", type=int, default=0, metavar="N",
                    help="N random problems and layouts per backend instead of the grid (Note [fuzzer])")
     f.add_argument("--seed", type=int, default=0, help="with --fuzz: the sequence's seed")
+    f.add_argument("--long-reductions", action="store_true",
+                   help="float32 gradients over 67M random positions and 1.6e9 ones per own kernel family instead")
     f.add_argument("--custom", metavar="MODULE:FUNCTION", default=None,
                    help="check a user forward kernel (portconv.custom_forward or a plain function) instead")
     f.add_argument("-q", "--quiet", action="store_true", help="no progress bar")

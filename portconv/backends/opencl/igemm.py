@@ -9,6 +9,7 @@ from ..program import Bind, Buffer
 from .kernels import Ctx, Operand, Part, bias_bind, bias_fields, desc, make_launch
 
 WORKSPACE_BYTES = 64 << 20  # cap of the split grad-weight's partial sums
+RED_BLOCK = 4096  # opencl/common.h's: the positions of one block of a blocked sum (Note [blocked sums])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,14 +136,16 @@ def gather_order(kernel: str, view: ConvView, c_inner: bool, bk: int) -> tuple[b
 
 def splits(view: ConvView, sp: Tile, compute_units: int, acc_bytes: int) -> tuple[int, int]:
     """(splits, positions per split) of the grad-weight reduction: enough work-groups to fill the device (4 per
-    compute unit), at least 16 reduction steps per split, at most 64 splits, workspace within WORKSPACE_BYTES."""
+    compute unit), at least 16 reduction steps per split, at most 64 splits, workspace within WORKSPACE_BYTES;
+    a split longer than RED_BLOCK is whole blocks (Note [blocked sums])."""
     red = view.y_positions
     tiles = -(-view.kg // sp.bm) * -(-(view.cg * view.taps) // sp.bn) * view.G
     count = view.K * view.cg * view.taps
     want = -(-4 * max(1, compute_units) // tiles)
     n = max(1, min(64, want, red // (16 * sp.bk), WORKSPACE_BYTES // max(1, count * acc_bytes)))
     chunk = -(-red // n) if red else 0
-    chunk = -(-chunk // sp.bk) * sp.bk
+    unit = RED_BLOCK if chunk > RED_BLOCK else sp.bk  # Note [blocked sums] (opencl/common.h): whole blocks a split
+    chunk = -(-chunk // unit) * unit
     return (-(-red // chunk) if chunk else 1), chunk
 
 
