@@ -140,8 +140,9 @@ def test_the_pybind11_example_builds_and_trains(tmp_path):
     """examples/custom_forward_cpp: the C++ extension built with pybind11 and setuptools, registered with
     custom_forward, checked over the conformance cases and trained beside PyTorch (equal losses)."""
     pytest.importorskip("pybind11", reason="the example builds with pybind11 (the test extra installs it)")
-    src = tmp_path / "ex"
+    src = tmp_path / "examples" / "custom_forward_cpp"  # beside ../dwtrain.py, the examples' training check
     shutil.copytree(ROOT / "examples" / "custom_forward_cpp", src, ignore=shutil.ignore_patterns("build", "*.so"))
+    shutil.copy(ROOT / "examples" / "dwtrain.py", src.parent)
     b = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=src, capture_output=True,
                        text=True, timeout=600)
     assert b.returncode == 0, b.stdout[-3000:] + b.stderr[-3000:]

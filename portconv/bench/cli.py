@@ -61,6 +61,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "without the host's launch cost (Note [held stream], nvbench's blocking kernel)")
     g.add_argument("--overhead", action="store_true",
                    help="also measure per-call overhead and first-call compile times (portconv.bench.overhead)")
+    g.add_argument("--custom", default=None, metavar="MODULE:OP",
+                   help="time a user forward (an op of portconv.custom_forward) with portconv's backward against "
+                        "portconv's own (the automatic plan and each --backend) and PyTorch: forward, and forward + "
+                        "backward through autograd (Note [custom bench])")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                    help="time nothing: merge bench.json files of one device (e.g. a suite split over several "
@@ -118,6 +122,10 @@ def main(a) -> int:
 
     if a.merge:
         return _merge(a)
+    if a.custom is not None:  # a user forward against portconv's own: portconv.bench.custom
+        from .custom import main as custom_main
+
+        return custom_main(a, log)
     if a.models is not None:  # the model benchmark: portconv.bench.models_cli
         from .models_cli import main as models_main
 
