@@ -13,6 +13,7 @@ import torch
 from conftest import require_backend
 from gpu_refs import assert_close, reference, spy_launches
 from gpu_refs import make as _make
+from test_forks import PRELUDE, run_script
 
 import portconv
 from portconv.backends import BackendId
@@ -714,6 +715,73 @@ def test_cupy_arrays_in_and_out(gpu, monkeypatch):
     for name, g_, r in zip(("grad_input", "grad_weight", "grad_bias"), (gi, gw, gb), ref[1:]):
         assert isinstance(g_, cupy.ndarray)
         assert_close(torch.from_numpy(cupy.asnumpy(g_)), r, torch.float32, f"cupy {name}")
+
+
+# Note [fork], as DataLoader users meet it. Every call of a forked child that would reach the CUDA runtime raises
+# portconv's BackendUnavailable at once, naming the cause and the fix; an automatic plan on torch tensors raises torch's
+# own error as torch does. A hang is run_script's timeout.
+_FORK_COMMON = PRELUDE + r"""
+import torch, portconv
+from portconv.errors import BackendUnavailable
+
+WHY = "forked after its parent used the CUDA/HIP runtime"
+x, w = torch.randn(2, 4, 8, 8, device="cuda"), torch.randn(4, 4, 3, 3, device="cuda")
+
+
+def refused(call):
+    e = error_of(call)
+    assert type(e) is BackendUnavailable and WHY in str(e) and "'spawn' or 'forkserver'" in str(e), repr(e)
+"""
+
+_FORK_AFTER_PORTCONV = _FORK_COMMON + r"""
+import cupy
+
+xc, wc = cupy.asarray(x.cpu().numpy()), cupy.asarray(w.cpu().numpy())
+portconv.conv2d(x, w, padding=1, backend="cuda")  # the parent runs portconv's CUDA kernels
+portconv.conv2d(xc, wc, padding=1, backend="cuda")
+torch.cuda.synchronize()
+
+
+class Convs(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return portconv.conv2d(xc, wc, padding=1, backend="cuda")  # the parent's plan in a forked worker
+
+
+refused(lambda: list(torch.utils.data.DataLoader(Convs(), batch_size=None, num_workers=2,
+                                                 multiprocessing_context="fork", timeout=60)))
+
+
+def child():
+    refused(lambda: portconv.conv2d(x, w, padding=1, backend="cuda"))  # the parent's plans
+    refused(lambda: portconv.conv2d(xc, wc, padding=1, backend="cuda"))
+    refused(lambda: portconv.conv2d(xc, wc, stride=2, backend="cuda"))  # new plans: the probes say why
+    refused(lambda: portconv.conv2d(x, w, stride=2, backend="hip"))
+    e = error_of(lambda: portconv.conv2d(xc, wc, stride=2))  # automatic on CuPy arrays: each candidate says why
+    assert type(e) is BackendUnavailable and WHY in str(e), repr(e)
+    e = error_of(lambda: portconv.conv2d(x, w, stride=2))  # automatic on torch tensors: torch's own error
+    assert type(e) is RuntimeError and "Cannot re-initialize CUDA in forked subprocess" in str(e), repr(e)
+
+
+in_child(child)
+print("FORK-OK")
+"""
+
+_FORK_AFTER_TORCH = _FORK_COMMON + r"""
+portconv.conv2d(x, w, padding=1)  # CUDA through torch only (ATen's route): portconv's CUDA kernels never ran
+assert portconv.plan(x, w, padding=1).backend.value not in ("cuda", "hip")
+in_child(lambda: refused(lambda: portconv.conv2d(x, w, padding=1, backend="cuda")))
+print("FORK-OK")
+"""
+
+
+@pytest.mark.parametrize("script", [_FORK_AFTER_PORTCONV, _FORK_AFTER_TORCH], ids=["portconv", "torch"])
+def test_forked_children_refuse_at_once(gpu, script):
+    """After the parent ran portconv's CUDA kernels (or only torch's CUDA), DataLoader(num_workers=2) workers and
+    os.fork children that call the cuda or hip backend raise BackendUnavailable naming the fork and the fix."""
+    run_script(script, "FORK-OK")
 
 
 def test_index64_variant(gpu):

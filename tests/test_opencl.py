@@ -285,12 +285,12 @@ def problem_of_specs(p, x, w):
 
 
 def test_probe_without_pyopencl_names_the_extra(monkeypatch):
-    rt.select.cache_clear()
+    rt._select.cache_clear()
     monkeypatch.setitem(sys.modules, "pyopencl", None)
     try:
         avail = rt.select(None)[0]
     finally:
-        rt.select.cache_clear()
+        rt._select.cache_clear()
     assert not avail and "pip install portconv[pocl]" in avail.reason
 
 
@@ -311,19 +311,19 @@ def test_a_device_whose_compiler_fails_is_passed_over_with_the_reason(monkeypatc
     broken = {old.int_ptr: "unknown target CPU 'generic'"}
     monkeypatch.setattr(rt, "compiler_problem", lambda d: broken.get(d.int_ptr))
     monkeypatch.setattr(rt, "all_devices", lambda: [(0, 0, old), (1, 0, new)])
-    rt.select.cache_clear()
+    rt._select.cache_clear()
     try:
         avail, pd = rt.select("cpu")
         assert avail and pd == (1, 0) and "passed over (compiler failed): 0:0 pthread-AMD EPYC" in avail.reason
         assert "unknown target CPU 'generic'" in avail.reason
         assert rt.select(None)[1] == (1, 0) and rt.select("0:0")[1] == (0, 0)
         monkeypatch.setattr(rt, "all_devices", lambda: [(0, 0, old)])
-        rt.select.cache_clear()
+        rt._select.cache_clear()
         avail, pd = rt.select(None)
         assert not avail and pd is None and "no usable OpenCL device" in avail.reason
         assert "unknown target CPU 'generic'" in avail.reason and "pocl-opencl-icd" in avail.reason
     finally:
-        rt.select.cache_clear()
+        rt._select.cache_clear()
 
 
 def test_the_compiler_probe_passes_on_the_chosen_device():
@@ -390,9 +390,12 @@ def test_dw_and_ig_launch_counters_follow_the_kernels():
 
 _FORK_SCRIPT = r"""
 import os, sys, torch, portconv
+from portconv.backends import get
+from portconv.backends.opencl import runtime
 from portconv.errors import BackendUnavailable
 x, w = torch.randn(2, 4, 8, 8), torch.randn(4, 4, 3, 3)
 portconv.conv2d(x, w, padding=1, backend="opencl")  # the parent uses OpenCL
+plan = portconv.plan(x, w, padding=1, backend="opencl")
 
 
 class Convs(torch.utils.data.Dataset):
@@ -406,13 +409,24 @@ class Convs(torch.utils.data.Dataset):
 want = torch.nn.functional.conv2d(x, w[:, :, :2], padding=1)
 got = list(torch.utils.data.DataLoader(Convs(), batch_size=None, num_workers=2, multiprocessing_context="fork"))
 assert all(torch.allclose(g, want[i % 2], atol=1e-5) for i, g in enumerate(got))
+
+
+def refused(call):
+    try:
+        call()
+        return False
+    except BackendUnavailable as e:
+        return "forked after its parent used OpenCL" in str(e) and "'spawn' or 'forkserver'" in str(e)
+
+
+built = runtime.stats["programs_built"]
 pid = os.fork()
 if pid == 0:
-    try:
-        portconv.conv2d(x, w, padding=1, backend="opencl")
-        os._exit(3)
-    except BackendUnavailable as e:
-        os._exit(0 if "forked after its parent used OpenCL" in str(e) else 4)
+    os._exit(0 if refused(lambda: portconv.conv2d(x, w, padding=1, backend="opencl"))  # the parent's cached plan
+             and refused(lambda: plan.backward(torch.ones(2, 4, 8, 8), x, w))  # its first backward: new programs
+             and refused(lambda: portconv.conv2d(x, w, stride=2, backend="opencl"))  # a new plan: the probe
+             and "forked after its parent used OpenCL" in get("opencl").probe().reason
+             and runtime.stats["programs_built"] == built else 3)  # not one OpenCL call
 _, status = os.waitpid(pid, 0)
 assert os.waitstatus_to_exitcode(status) == 0, status
 print("FORK-OK")
@@ -422,8 +436,9 @@ print("FORK-OK")
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork (POSIX)")
 def test_forked_children_never_call_opencl():
     """Note [fork]: after the parent used OpenCL, DataLoader workers forked from it compute their convolutions on an
-    automatic plan (ATen), and a forced opencl call in a forked child raises BackendUnavailable at once; a hang would
-    be the timeout."""
+    automatic plan (ATen); in a forked child the probe says why (the parent's cached device choice notwithstanding)
+    and a forced opencl call raises BackendUnavailable at once, on the parent's cached plan, on that plan's first
+    backward (programs to build) and on a new plan; a hang would be the timeout."""
     import subprocess
 
     avail = get("opencl").probe()

@@ -154,7 +154,7 @@ class TorchContext:
         if (has_cudnn or hip) and torch.cuda.is_available():
             lib_version = _miopen_version(torch) if hip else torch.backends.cudnn.version()
         arch = ""
-        if torch.cuda.is_available():
+        if dev.type == "cuda" and torch.cuda.is_available():  # CPU contexts never initialise CUDA (a forked child)
             props = torch.cuda.get_device_properties(torch.cuda.current_device())
             arch = (getattr(props, "gcnArchName", "") or "").split(":")[0] if hip else f"sm_{props.major}{props.minor}"
         get_kernel = getattr(torch._C, "_get_cudnn_depthwise_kernel", None)

@@ -7,9 +7,9 @@ import os
 import re
 import threading
 
-from ... import diskcache, knobs, sources
+from ... import diskcache, forks, knobs, sources
 from ...device import Availability, DeviceInfo, opencl_devices
-from ...errors import BackendUnavailable, Unsupported, VendorImportError
+from ...errors import Unsupported, VendorImportError
 from ..program import Module
 
 PIP_HINT = "pip install portconv[pocl]"
@@ -24,33 +24,14 @@ _NAN_BITS = {"float32": ("uint32", 0x7FC00000), "float64": ("uint64", 0x7FF80000
 stats: collections.Counter = collections.Counter()
 
 
-# Note [fork]
-# PoCL cannot run in a child forked after its parent used OpenCL: the child's first clFinish waits on driver threads
-# that fork did not copy, and a fresh context hangs the same way. A child forked after this process touched OpenCL
-# (enumerated devices or made a runtime) therefore never calls OpenCL: the backend's probe says why, so new automatic
-# plans go elsewhere, and any call that would reach OpenCL (a plan the parent made and cached included) raises
-# BackendUnavailable at once. The child never releases the parent's pyopencl objects either (that is an OpenCL call
-# too): they stay referenced. A child started with 'spawn' or 'forkserver' uses OpenCL as usual.
-_touched = False
-_forked_after_use = False
-FORKED = ("this process was forked after its parent used OpenCL, and PoCL (like most OpenCL drivers) cannot run in "
-          "such a child; start workers with the 'spawn' or 'forkserver' method (torch.multiprocessing, "
-          "DataLoader(multiprocessing_context='spawn')) or use another backend in them")
-
-
-def _after_fork_in_child() -> None:
-    global _forked_after_use
-    _forked_after_use = _forked_after_use or _touched
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+# Note [fork] (portconv/forks.py): PoCL, like most OpenCL drivers, cannot run in a child forked after its parent
+# enumerated devices or made a runtime; such a child never calls OpenCL.
+FORK = forks.RuntimeGuard("OpenCL", "PoCL (like most OpenCL drivers) cannot run in such a child")
 
 
 def check_not_forked() -> None:
     """Raise BackendUnavailable where OpenCL must not be called (Note [fork])."""
-    if _forked_after_use:
-        raise BackendUnavailable(f"portconv's opencl backend: {FORKED}")
+    FORK.check("opencl backend")
 
 
 def cl():
@@ -66,10 +47,8 @@ def cl():
 
 def all_devices() -> list[tuple[int, int, object]]:
     """(platform index, device index, pyopencl.Device) for every OpenCL device; raises on ICD errors."""
-    global _touched
     cl()  # VendorImportError with the pip hint when pyopencl is missing
-    check_not_forked()
-    _touched = True
+    FORK.use("opencl backend")
     return opencl_devices()
 
 
@@ -143,12 +122,17 @@ _NO_COMPILER_HINT = ("a PoCL whose LLVM knows this CPU (Debian/Ubuntu: apt-get i
                      "lists /etc/OpenCL/vendors first), or PORTCONV_OPENCL_DEVICE='P:D' to take a device anyway")
 
 
-@functools.cache
 def select(spec: str | None) -> tuple[Availability, tuple[int, int] | None]:
     """The device PORTCONV_OPENCL_DEVICE=spec names (default: first GPU, else first CPU; by type or default, the
-    first whose compiler works, Note [compiler probe]), with the reason."""
-    if _forked_after_use:
-        return Availability.no(FORKED), None
+    first whose compiler works, Note [compiler probe]), with the reason; none in a forked child (Note [fork]: the
+    answer the parent cached included)."""
+    if FORK.forked:
+        return Availability.no(FORK.reason), None
+    return _select(spec)
+
+
+@functools.cache
+def _select(spec: str | None) -> tuple[Availability, tuple[int, int] | None]:
     try:
         mod = cl()
     except VendorImportError as e:
@@ -211,10 +195,8 @@ class Runtime:
     """One OpenCL context on one device: its queue, its programs (compiled once), buffer pool and dummy buffer."""
 
     def __init__(self, context, device):
-        global _touched
         mod = cl()
-        check_not_forked()
-        _touched = True
+        FORK.use("opencl backend")
         self.cl = mod
         self.ctx = context
         self.device = device
@@ -327,6 +309,7 @@ _RT_LOCK = threading.Lock()
 
 def runtime_for_index(index: str) -> Runtime:
     """The runtime (a context of our own) for DeviceInfo.index 'opencl:P:D'."""
+    check_not_forked()  # Note [fork]: the parent's runtime included
     with _RT_LOCK:
         rt = _RUNTIMES.get(("index", index))
         if rt is None:
@@ -338,6 +321,7 @@ def runtime_for_index(index: str) -> Runtime:
 
 def runtime_for_array(arr) -> Runtime:
     """The runtime of a pyopencl array's own context (and its queue's device)."""
+    check_not_forked()  # Note [fork]: the parent's runtime included
     ctx = arr.context
     dev = arr.queue.device if arr.queue is not None else ctx.devices[0]
     key = ("ctx", ctx.int_ptr, dev.int_ptr)

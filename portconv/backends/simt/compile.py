@@ -5,18 +5,34 @@ import dataclasses
 import hashlib
 import pathlib
 import re
+import sys
 import threading
 import time
 
-from ... import diskcache, knobs, sources
+from ... import diskcache, forks, knobs, sources
 from ...errors import VendorImportError
 from ..program import Module
 
 CUDA_PIP_HINT = "pip install portconv[cuda12]  (CUDA 12 driver) or  pip install portconv[cuda13]  (CUDA 13 driver)"
 
 
+def _torch_initialised_cuda() -> bool:
+    """Note [fork]: in a child, whether torch had initialised CUDA (or ROCm) in the parent: one driver per process.
+    A process that never imported torch (CuPy arrays only) did not."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda._is_in_bad_fork()
+
+
+# Note [fork]: the cuda and hip backends reach the runtime first through import_cupy() (probes, devices, kernel
+# sets, loaders); what a plan loaded before a fork runs is checked at load and launch (runtime.py).
+FORK = forks.RuntimeGuard("the CUDA/HIP runtime", "neither CUDA nor ROCm can run in a child forked after the "
+                          "driver was initialised", inherited=_torch_initialised_cuda)
+
+
 def import_cupy(pip_hint: str = CUDA_PIP_HINT):
-    """Import CuPy or raise VendorImportError naming the pip extra."""
+    """CuPy, for a call into the CUDA/HIP runtime: BackendUnavailable in a forked child (Note [fork]), else the
+    runtime marked used; VendorImportError naming the pip extra where CuPy is missing."""
+    FORK.use("cuda/hip backends")
     try:
         import cupy
     except ImportError as e:

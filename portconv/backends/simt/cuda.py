@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ... import rules
 from ...device import Availability, DeviceInfo
-from ...errors import Unsupported, VendorImportError
+from ...errors import BackendUnavailable, Unsupported, VendorImportError
 from ...knobs import Options
 from ...problem import Problem
 from .. import BackendId, Choice
@@ -25,7 +25,7 @@ class CudaBackend(base.SimtBackend):
     def probe(self) -> Availability:
         try:
             cupy = compile.import_cupy(self.pip_hint)
-        except VendorImportError as e:
+        except (VendorImportError, BackendUnavailable) as e:  # BackendUnavailable: a forked child (Note [fork])
             return Availability.no(str(e))
         if compile.is_hip(cupy):
             return Availability.no("this CuPy is built for ROCm: AMD GPUs are the hip backend's")

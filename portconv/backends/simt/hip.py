@@ -8,7 +8,7 @@ import re
 
 from ... import sources
 from ...device import Availability, DeviceInfo
-from ...errors import Unsupported, VendorImportError
+from ...errors import BackendUnavailable, Unsupported, VendorImportError
 from ...knobs import Options
 from ...problem import Problem
 from .. import BackendId, Choice
@@ -125,7 +125,7 @@ class HipBackend(base.SimtBackend):
     def probe(self) -> Availability:
         try:
             cupy = compile.import_cupy(self.pip_hint)
-        except VendorImportError as e:
+        except (VendorImportError, BackendUnavailable) as e:  # BackendUnavailable: a forked child (Note [fork])
             return Availability.no(str(e))
         amd = compile.is_hip(cupy)
         try:

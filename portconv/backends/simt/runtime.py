@@ -31,7 +31,7 @@ from ... import knobs
 from ...device import DeviceInfo, torch_cuda
 from ...problem import Layout
 from ..program import Buffer, Launch, Program
-from .compile import import_cupy, is_hip
+from .compile import FORK, import_cupy, is_hip
 from .view import ARG_COUNT
 
 _CUDA_ERROR_INVALID_CONTEXT = 201
@@ -172,6 +172,7 @@ class Executable:
         self.outputs, self.ptr, self.stream, self.go = outputs, ptr, stream, go
 
     def __call__(self, values: dict) -> tuple:
+        FORK.check("CUDA/HIP kernels")  # Note [fork]: a plan loaded before the fork
         vals = dict(values)
         poison = knobs.env().poison
         for role, alloc, result in self.allocs:
@@ -255,6 +256,7 @@ class Loader:
 
     # --- launches --------------------------------------------------------------------------------------------
     def load(self, program: Program, anchor) -> Executable:
+        FORK.check("CUDA/HIP kernels")  # Note [fork]: a plan made before the fork reads the device here
         device = self._device(anchor)
         pdl = (self.driver is not None and self.driver.has_ex and knobs.env().cuda_pdl
                and int(self.cupy.cuda.Device(device).compute_capability) >= 90)
