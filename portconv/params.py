@@ -105,7 +105,10 @@ class ConvParams:
         (Note [ConvParams.make and PyTorch's call chain]). ``input_shape`` (batched) lets padding='same' check
         the input rank first, as convolution_same does. ``backward=True`` follows convolution_backward.
         """
-        groups = operator.index(groups)
+        try:
+            groups = operator.index(groups)
+        except TypeError:  # PyTorch's text, less the function's name its argument parser puts first
+            raise TypeError(f"argument 'groups' must be int, not {type(groups).__name__}") from None
         if isinstance(padding, str):
             if transposed:
                 raise TypeError("argument 'padding' must be tuple of ints, not str")

@@ -151,6 +151,8 @@ class ProgramRunner:
 
     def forward(self, input, weight, bias):
         input, weight, bias = _plain(input), _plain(weight), _plain(bias)
+        if bias is not None and bias.dtype != input.dtype:  # Note [slow kernels' bias dtype] (validate.py)
+            bias = bias.to(input.dtype)
         k = self.loader.key
         key = (k(input), k(weight), k(bias))
         run = self._forward.get(key)
