@@ -75,7 +75,9 @@ PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_bias_grad(const pc_conv_args a) {
  * H100: a warp a value made the weight gradient of a dense row with 73728 values 1.32x slower;
  * docs/kernels/depthwise.md).
  * Either way grid-stride: any grid is correct. It may be a dependent launch (Note [dependent launch]):
- * nothing is read before pc_grid_dependency_wait. */
+ * nothing is read before pc_grid_dependency_wait. The splits' partials meet in double (Note [long reductions] in
+ * portconv/conformance/longred.py): float32 partials of whole counts add exactly (1.6e9 ones), at no cost that shows
+ * (a few values, read once). */
 #if !defined(PC_ONLY) || defined(PC_ONLY_portconv_split_finalize)
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_split_finalize(const pc_conv_args a) {
     pc_grid_dependency_wait();
@@ -87,15 +89,15 @@ PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_split_finalize(const pc_conv_args 
     const bool warp = (a.flags & PC_FLAG_WARP) != 0; /* uniform over the launch */
     const pc_idx W = warp ? PC_WARP_SIZE : 1, lane = (pc_idx)threadIdx.x % W;
     for (pc_idx e = pc_global_id() / W; e < count; e += pc_grid_stride() / W) { /* whole warps take one e */
-        pc_acc_t acc = 0;
-        for (pc_idx s = lane; s < splits; s += W) acc += ws[s * count + e];
+        double acc = 0;
+        for (pc_idx s = lane; s < splits; s += W) acc += (double)ws[s * count + e];
         if (warp) acc = pc_warp_sum(acc);
         if (lane != 0) continue;
         pc_idx k, c, r0, r1, r2;
         pc_unflatten5(e, C, R0, R1, R2, false, k, c, r0, r1, r2);
         pc_st(dst, k * (pc_idx)a.ws_[0] + c * (pc_idx)a.ws_[1] + r0 * (pc_idx)a.ws_[2] + r1 * (pc_idx)a.ws_[3] +
                        r2 * (pc_idx)a.ws_[4],
-              acc);
+              (pc_acc_t)acc);
     }
 }
 #endif

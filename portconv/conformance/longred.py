@@ -48,7 +48,10 @@ class LongResult:
 def _grads(family: str, backend: str, go, x, groups: int):
     c = x.shape[1]
     w = torch.ones(c, c // groups, 1, 1, device=x.device)
-    with knobs.use_options(algorithm=family), knobs.with_env(poison=True):
+    from ..bench.settings import torch_variant
+
+    # IEEE float32: under torch's default TF32 convolutions the OpenCL set's tensor-core tile would run TF32
+    with torch_variant(ieee=True), knobs.use_options(algorithm=family), knobs.with_env(poison=True):
         _, gw, gb = functional.convolution_backward(go, x, w, [c], [1, 1], [0, 0], [1, 1], False, [0, 0], groups,
                                                     (False, True, True), backend=backend)
     return gw.reshape(c, -1), gb
