@@ -167,12 +167,11 @@ def check_call(fn, args: tuple, out, params: ConvParams, problem: Problem) -> st
     the numbers."""
     x, w, b = args[:3]
     with torch.no_grad():
-        ref = torch.convolution(x.double(), w.double(), None if b is None else b.double(), list(params.stride),
-                                list(params.padding), list(params.dilation), params.transposed,
-                                list(params.output_padding), params.groups)
-        absref = torch.convolution(x.double().abs(), w.double().abs(), None if b is None else b.double().abs(),
-                                   list(params.stride), list(params.padding), list(params.dilation),
-                                   params.transposed, list(params.output_padding), params.groups)
+        x64, w64, b64 = (None if t is None else t.detach().to("cpu", torch.float64) for t in (x, w, b))
+        args64 = (list(params.stride), list(params.padding), list(params.dilation), params.transposed,
+                  list(params.output_padding), params.groups)
+        ref = torch.convolution(x64, w64, b64, *args64)  # on the CPU, where tolerance.check compares
+        absref = torch.convolution(x64.abs(), w64.abs(), None if b64 is None else b64.abs(), *args64)
     length = (w.shape[0] // params.groups if params.transposed else w.shape[1]) * math.prod(w.shape[2:])
     got = tolerance.check("forward", out, ref, absref, length, problem.dtype, "ieee", x.device)
     return "" if not got.failed else got.message

@@ -30,8 +30,10 @@ def supports(problem) -> bool:
     contiguous NCHW input and weight as CUDA/ROCm torch tensors in float32, float64 or bfloat16, planes of fewer
     than 2^31 elements (the kernel's 32-bit in-plane offsets)."""
     x, w, params = problem.input, problem.weight, problem.params
+    if params.rank != 2:
+        return False
     plane = max(x.shape[2] * x.shape[3], problem.output_shape[2] * problem.output_shape[3])
-    return (problem.is_depthwise and params.rank == 2 and tuple(params.dilation) == (1, 1)
+    return (problem.is_depthwise and tuple(params.dilation) == (1, 1)
             and problem.dtype in ENTRIES and x.device_type == "cuda" and x.kind == "torch"
             and x.is_contiguous() and w.is_contiguous() and plane < 2**31)
 

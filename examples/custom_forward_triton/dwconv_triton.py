@@ -65,8 +65,10 @@ def supports(problem) -> bool:
     contiguous NCHW input and weight as GPU torch tensors in float32, float16 or bfloat16 (summed in float32), planes
     under 2^31 elements whose tiles fit a grid's y extent."""
     x, w, params = problem.input, problem.weight, problem.params
+    if params.rank != 2:
+        return False
     p, q = problem.output_shape[2:]
-    return (problem.is_depthwise and params.rank == 2 and problem.dtype in DTYPES and x.device_type == "cuda"
+    return (problem.is_depthwise and problem.dtype in DTYPES and x.device_type == "cuda"
             and x.kind == "torch" and x.is_contiguous() and w.is_contiguous()
             and max(x.shape[2] * x.shape[3], p * q) < 2**31 and _blocks(p, q)[2] <= GRID_Y)
 
