@@ -342,7 +342,7 @@ def _conform_fuzz(a) -> int:
     status = EXIT_OK
     for bk in a.backend or _found_backends():
         try:
-            report = fuzz(bk, a.fuzz, seed=a.seed, dtypes=dtypes, device=a.device)
+            report = fuzz(bk, a.fuzz, seed=a.seed, dtypes=dtypes, device=a.device, seconds=a.seconds)
         except (ValueError, BackendUnavailable) as e:
             print(f"portconv conform: {e}", file=sys.stderr)
             status = max(status, EXIT_USAGE if isinstance(e, ValueError) else EXIT_UNAVAILABLE)
@@ -485,6 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--fuzz", type=int, default=0, metavar="N",
                    help="N random problems and layouts per backend instead of the grid (Note [fuzzer])")
     f.add_argument("--seed", type=int, default=0, help="with --fuzz: the sequence's seed")
+    f.add_argument("--seconds", type=float, default=None, metavar="S", help="with --fuzz: stop after S seconds")
     f.add_argument("--long-reductions", action="store_true",
                    help="float32 gradients over 67M random positions and 1.6e9 ones per own kernel family instead")
     f.add_argument("--custom", metavar="MODULE:FUNCTION", default=None,

@@ -7,6 +7,11 @@
 # torch:   the torch-integration tests (compile, CUDA graphs, autocast, higher-order AD, convert) on the GPU backends
 # overhead: per-call host cost (forward, and forward + backward through autograd) of every backend against PyTorch
 # models:  portconv bench --models (training steps, PyTorch against convert(); MODELS_ARGS adds flags, e.g. a subset)
+# profile: scripts/gpu/model_profile.py of PROFILE_CELLS (model:dtype:layout ...): GPU time by kernel, both sides
+# longred: portconv conform --long-reductions on cuda, hip and opencl (Note [long reductions])
+# fuzz:    portconv conform --fuzz on cuda, hip and opencl, four dtypes, FUZZ_SECONDS each (in parallel)
+# first:   portconv bench --models --first-step (fresh processes, cold and warm caches; FIRST_ARGS adds flags)
+#          models and first extend /tmp/models/models.json (--resume), so later calls on a warm machine add cells
 # bench:   portconv bench of every suite row and backend, held stream (BENCH_ARGS adds flags)
 # before:  the same bench of the tree in .base (an older commit's portconv/ and kernels), first, in this call
 # Results land in $OUT: reports.tgz (every log and report), bench/ and bench-before/ (json, md, png).
@@ -45,10 +50,19 @@ if has overhead; then
     --cell-seconds 1 --no-torch-variants --backend opencl,cuda,hip,cudnn,aten,auto --overhead --out "$OUT/overhead" \
     > "$R/overhead.txt" 2>&1; echo "== overhead rc=$?"; grep -A40 -i "overhead" "$R/overhead.txt" | tail -40
 fi
+if has profile; then
+  timeout ${PROFILE_TIMEOUT:-150} python3 scripts/gpu/model_profile.py ${PROFILE_CELLS:-resnet50:bfloat16:channels_last} \
+    > "$R/profile.txt" 2>&1; echo "== profile rc=$?"; grep -v Warning "$R/profile.txt" | tail -80
+fi
 if has models; then
-  timeout ${MODELS_TIMEOUT:-400} python3 -m portconv.bench --models ${MODELS_ARGS:-} --resume --out "$OUT/models" \
+  timeout ${MODELS_TIMEOUT:-400} python3 -m portconv.bench --models ${MODELS_ARGS:-} --resume --out /tmp/models \
     > "$R/models.txt" 2>&1; echo "== models rc=$?"; tail -40 "$R/models.txt"
 fi
+if has first; then
+  timeout ${FIRST_TIMEOUT:-300} python3 -m portconv.bench --models ${FIRST_ARGS:-} --first-step --resume --out /tmp/models \
+    > "$R/first.txt" 2>&1; echo "== first rc=$?"; tail -20 "$R/first.txt"
+fi
+if has models || has first; then mkdir -p "$OUT/models" && cp -r /tmp/models/. "$OUT/models/"; fi
 if has before; then bench bench-before "$PWD/.base" /tmp/cache-before; fi
 if has bench; then bench bench "$PWD" /tmp/cache-after; fi
 export PORTCONV_CACHE_DIR=/tmp/portconv-cache
@@ -60,9 +74,23 @@ if has json; then  # JSON reports, one process per backend, in the background wh
       --json "$R/conformance-$b.json" > "$R/conform-$b.txt" 2>&1 & pids+=($!)
   done
 fi
+if has longred; then
+  for b in cuda hip opencl; do
+    dev=$([ $b = opencl ] && echo gpu || echo "")
+    PORTCONV_OPENCL_DEVICE=$dev timeout 400 python3 -m portconv.cli conform --long-reductions --backend $b \
+      > "$R/longred-$b.txt" 2>&1 & pids+=($!)
+  done
+fi
+if has fuzz; then
+  for b in cuda hip opencl; do
+    dev=$([ $b = opencl ] && echo gpu || echo "")
+    PORTCONV_OPENCL_DEVICE=$dev timeout 560 python3 -m portconv.cli conform --fuzz 1000000 --seed 7 --backend $b \
+      $DT --seconds ${FUZZ_SECONDS:-300} > "$R/fuzz-$b.txt" 2>&1 & pids+=($!)
+  done
+fi
 if has tox; then  # the three device envs side by side (16 cores, one GPU)
   for e in ${TOX_ENVS:-cuda hip opencl}; do
-    timeout 560 python3 -m tox -e $e -- -n 3 -p no:cacheprovider -W ignore > "$R/tox-$e.txt" 2>&1 & pids+=($!)
+    timeout ${TOX_TIMEOUT:-560} python3 -m tox -e $e -- -n 3 -p no:cacheprovider -W ignore > "$R/tox-$e.txt" 2>&1 & pids+=($!)
   done
 fi
 if has torch; then
@@ -78,5 +106,6 @@ fi
 for p in "${pids[@]}"; do wait "$p"; echo "job rc=$?"; done
 for f in "$R"/tox-*.txt "$R"/pytest-*.txt; do [ -f "$f" ] || continue; echo "== $f"; grep -E "^(FAILED|ERROR)" "$f" | cut -c1-220 | head -8
   tail -2 "$f"; done
+for f in "$R"/longred-*.txt "$R"/fuzz-*.txt; do [ -f "$f" ] || continue; echo "== $f"; cut -c1-160 "$f" | tail -8; done
 for f in "$R"/conform-*.txt; do [ -f "$f" ] || continue; echo "== $f"; tail -6 "$f"; done
 tar -czf "$OUT/reports.tgz" -C "$R" .

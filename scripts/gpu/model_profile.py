@@ -1,0 +1,104 @@
+"""Where a converted model's training step spends GPU time that PyTorch's does not: kernels and aten ops of a few
+profiled steps, both sides, largest differences first. Public APIs only (portconv.convert, torch.profiler).
+
+  python3 scripts/gpu/model_profile.py resnet50:bfloat16:channels_last [mobilenet_v2:float32:nchw ...]
+"""
+from __future__ import annotations
+
+import collections
+import copy
+import cProfile
+import io
+import pstats
+import statistics
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import portconv
+from portconv.bench import models
+
+
+def step_fn(model, x, y, dtype):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    F = torch.nn.functional
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
+            out = model(x)
+            loss = F.mse_loss(out, x) if y is None else F.cross_entropy(out, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
+
+
+def profiled(step, n=3):
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            step()
+        torch.cuda.synchronize()
+    kern, ops = collections.Counter(), collections.Counter()
+    for e in prof.key_averages():
+        if e.device_time_total > 0 and not e.key.startswith("aten::") and e.cpu_time_total == 0:
+            kern[e.key[:90]] += e.device_time_total / n
+        if e.key.startswith("aten::"):
+            ops[e.key] += e.count / n
+    return kern, ops
+
+
+def main(argv):
+    torch.backends.cudnn.conv.fp32_precision = "ieee"
+    torch.backends.cuda.matmul.fp32_precision = "ieee"
+    for cell in argv:
+        name, dtype, layout = cell.split(":")
+        spec = models.resolve(name)
+        torch.manual_seed(0)
+        model = spec.build().cuda()
+        fmt = models.memory_format(layout, spec)
+        model = model.to(memory_format=fmt)
+        x = torch.rand(spec.batch, *spec.sample, device="cuda").contiguous(memory_format=fmt)
+        y = torch.randint(0, spec.classes, (spec.batch,), device="cuda") if spec.classes else None
+        sides = {"torch": copy.deepcopy(model), "auto": portconv.convert(copy.deepcopy(model))}
+        steps = {side: step_fn(m, x, y, dtype) for side, m in sides.items()}
+        res = {side: profiled(fn) for side, fn in steps.items()}
+        print(f"\n== {cell}")
+        for side, fn in steps.items():  # host time: a step enqueued on an idle GPU, then the whole step
+            host, whole = [], []
+            for _ in range(10):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                fn()
+                t1 = time.perf_counter()
+                torch.cuda.synchronize()
+                host.append(t1 - t0)
+                whole.append(time.perf_counter() - t0)
+            print(f"  {side}: host {statistics.median(host) * 1e3:.2f} ms, "
+                  f"step {statistics.median(whole) * 1e3:.2f} ms")
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(5):
+            steps["auto"]()
+        torch.cuda.synchronize()
+        prof.disable()
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(18)
+        print("  auto, 5 steps, cProfile by own time:\n" + "\n".join(out.getvalue().splitlines()[6:30]))
+        (kt, ot), (ka, oa) = res["torch"], res["auto"]
+        print(f"  {cell}: GPU us/step torch {sum(kt.values()):.0f}, auto {sum(ka.values()):.0f}")
+        diff = sorted(set(kt) | set(ka), key=lambda k: -abs(ka[k] - kt[k]))
+        for k in diff[:14]:
+            print(f"  {kt[k]:9.1f} {ka[k]:9.1f}  {k}")
+        print("  aten ops whose count per step differs (torch, auto):")
+        for k in sorted(set(ot) | set(oa), key=lambda k: -abs(oa[k] - ot[k]))[:12]:
+            if ot[k] != oa[k]:
+                print(f"  {ot[k]:7.1f} {oa[k]:7.1f}  {k}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
