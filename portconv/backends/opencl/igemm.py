@@ -144,7 +144,7 @@ def splits(view: ConvView, sp: Tile, compute_units: int, acc_bytes: int) -> tupl
     want = -(-4 * max(1, compute_units) // tiles)
     n = max(1, min(64, want, red // (16 * sp.bk), WORKSPACE_BYTES // max(1, count * acc_bytes)))
     chunk = -(-red // n) if red else 0
-    unit = RED_BLOCK if chunk > RED_BLOCK else sp.bk  # Note [blocked sums] (opencl/common.h): whole blocks a split
+    unit = RED_BLOCK if n > 1 and chunk > RED_BLOCK else sp.bk  # Note [blocked sums] (opencl/common.h)
     chunk = -(-chunk // unit) * unit
     return (-(-red // chunk) if chunk else 1), chunk
 
