@@ -60,9 +60,35 @@ class CustomForward:
                                output_padding, groups, weight_shape=tuple(weight.shape), input_shape=tuple(x.shape))
 
     def __call__(self, input, weight, bias=None, stride=1, padding=0, *rest):
-        rank = self.rank or weight.dim() - 2
-        if composite.fastpath.special():
+        fastpath = composite.fastpath
+        lean = not fastpath.special()  # Note [eager and traced calls]: plain eager calls skip the op's dispatch
+        if not lean:
             input, weight, bias = composite.autocast(input, weight, bias)
+            if torch.compiler.is_compiling():
+                return self._call(input, weight, bias, stride, padding, rest, None, False)
+        # Note [fast path]: a call seen before skips the checks and the argument expansion
+        key = fastpath.key((self.name, "call"), input, weight, bias, (stride, padding, *rest), None)
+        hit = fastpath.get(key)
+        if hit is None:
+            return self._call(input, weight, bias, stride, padding, rest, key, lean)
+        params, is_batched, extra, args = hit
+        x = input if is_batched else input[None]
+        if extra:
+            x = pad_extra(x, params)
+        out = self._run(x, weight, bias, args, lean)
+        return out if is_batched else out[0]
+
+    def _run(self, x, weight, bias, args: tuple, lean: bool):
+        """The op (what tracers, transforms and autocast see), or for a plain eager call the same kernels through a
+        lean autograd.Function: torch.library's Python autograd costs more a call than the kernels of a small layer."""
+        if not lean:
+            return self.op(x, weight, bias, *args)
+        if composite.fastpath.wants_grad(x, weight, bias):
+            return _EagerCustom.apply(x, weight, bias, self, args)
+        return self._real(x, weight, bias, *args)
+
+    def _call(self, input, weight, bias, stride, padding, rest, key, lean: bool):
+        rank = self.rank or weight.dim() - 2
         tracing = torch.compiler.is_compiling()
         fname = f"conv{'_transpose' if self.transposed else ''}{rank}d"
         is_batched = input.dim() == rank + 2 if tracing else validate.batchify(spec_of(input), rank, fname)
@@ -72,10 +98,13 @@ class CustomForward:
             if not self.transposed and not isinstance(padding, str):  # F.conv*d compares the bias dtype first
                 validate.check_functional_bias(spec_of(x), None if bias is None else spec_of(bias))
             validate.check_forward(spec_of(x), spec_of(weight), None if bias is None else spec_of(bias), params)
+        args = (list(params.stride), list(params.padding), list(params.dilation), params.transposed,
+                list(params.output_padding), params.groups)
+        if not tracing:
+            composite.fastpath.put(key, (params, is_batched, any(params.padding_extra), args))
         if any(params.padding_extra):
             x = pad_extra(x, params)
-        out = self.op(x, weight, bias, list(params.stride), list(params.padding), list(params.dilation),
-                      params.transposed, list(params.output_padding), params.groups)
+        out = self._run(x, weight, bias, args, lean)
         return out if is_batched else out[0]
 
     def explain(self, input, weight, bias=None, stride=1, padding=0, *rest) -> str:
@@ -95,11 +124,19 @@ class CustomForward:
 
     # the op's kernels and autograd ------------------------------------------------------------------------------
     def _real(self, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-        rank = weight.dim() - 2
-        params = ConvParams.make(rank, stride, padding, dilation, transposed, output_padding, groups,
-                                 weight_shape=tuple(weight.shape))
-        problem = Problem(params, spec_of(input), spec_of(weight), bias is not None)
-        if self.supports is not None and not self.supports(problem):
+        fastpath = composite.fastpath
+        key = fastpath.key((self.name, "real"), input, weight, bias,
+                           (stride, padding, dilation, "T" if transposed else "F", output_padding, groups), None)
+        hit = fastpath.get(key)
+        if hit is None:
+            rank = weight.dim() - 2
+            params = ConvParams.make(rank, stride, padding, dilation, transposed, output_padding, groups,
+                                     weight_shape=tuple(weight.shape))
+            problem = Problem(params, spec_of(input), spec_of(weight), bias is not None)
+            hit = (params, problem, self.supports is None or bool(self.supports(problem)))
+            fastpath.put(key, hit)
+        params, problem, ours = hit
+        if not ours:
             out = functional.convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
                                          groups)
             return out.contiguous()
@@ -138,13 +175,29 @@ class CustomForward:
 
     @staticmethod
     def _backward(ctx, grad):
-        input, weight = ctx.saved_tensors
-        stride, padding, dilation, transposed, output_padding, groups = ctx.args
-        mask = (ctx.needs_input_grad[0], ctx.needs_input_grad[1],
-                ctx.bias_sizes is not None and ctx.needs_input_grad[2])
-        gi, gw, gb = functional.convolution_backward(grad, input, weight, ctx.bias_sizes, stride, padding, dilation,
-                                                     transposed, output_padding, groups, mask)
-        return gi, gw, gb, None, None, None, None, None, None
+        return (*_gradients(ctx, grad), None, None, None, None, None, None)
+
+
+def _gradients(ctx, grad) -> tuple:
+    """(grad_input, grad_weight, grad_bias) of a custom forward: portconv's backward of the same problem."""
+    input, weight = ctx.saved_tensors
+    mask = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.bias_sizes is not None and ctx.needs_input_grad[2])
+    return functional.convolution_backward(grad, input, weight, ctx.bias_sizes, *ctx.args, mask)
+
+
+class _EagerCustom(torch.autograd.Function):
+    """A plain eager call of a custom forward: CustomForward._real forward, _gradients backward (differentiable:
+    convolution_backward records itself when a graph is being built)."""
+
+    @staticmethod
+    def forward(ctx, input, weight, bias, custom: CustomForward, args: tuple):
+        ctx.save_for_backward(input, weight)
+        ctx.args, ctx.bias_sizes = args, (None if bias is None else [bias.shape[0]])
+        return custom._real(input, weight, bias, *args)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (*_gradients(ctx, grad), None, None)
 
 
 def _rest(rest: tuple, defaults: tuple) -> tuple:
@@ -239,6 +292,6 @@ def check_forward(fn, cases: Sequence | None = None, dtypes: Sequence[str] = ("f
                 continue
             ref = reference(case, inputs)
             got = tolerance.check("forward", out, ref.value["forward"], ref.absolute["forward"],
-                                  case.reduction_lengths()["forward"], dtype, "ieee", torch.device(device))
+                                  case.reduction_lengths()["forward"], dtype, "ieee", inputs.input.device)
             row.update(status="fail" if got.failed else "pass", reason=got.message if got.failed else "")
     return CheckReport(getattr(custom, "name", getattr(kernel, "__name__", "kernel")), rows)

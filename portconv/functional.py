@@ -93,6 +93,13 @@ def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding
             return composite.traced_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
                                              transposed, output_padding, groups, output_mask, backend)
         mode = composite.mode(input)
+    # Note [fast path]: grad_output rides in the key's bias slot (its type, shape, strides, dtype and device)
+    key = fastpath.key("convolution_backward", input, weight, grad_output,
+                       (stride, padding, dilation, _flag(transposed), output_padding, groups,
+                        () if bias_sizes is None else bias_sizes, tuple(_flag(m) for m in output_mask)), backend)
+    hit = fastpath.get(key)
+    if hit is not None:
+        return _backward(hit[0], hit[1], grad_output, input, weight, mode)
     if fastpath.foreign(grad_output, input, weight):
         return composite.traced_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
                                          transposed, output_padding, groups, output_mask, backend)
@@ -103,6 +110,16 @@ def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding
     if validate.is_empty_problem(problem):
         return validate.empty_backward(grad_output, input, weight, params, mask, bias_sizes)
     p = select(problem, backend)
+    fastpath.put(key, (p, mask))
+    return _backward(p, mask, grad_output, input, weight, mode)
+
+
+def _flag(v):
+    """A bool argument as a key can hold it (fastpath keys take ints and strings, never bools)."""
+    return ("T" if v else "F") if type(v) is bool else v
+
+
+def _backward(p: Plan, mask: tuple, grad_output, input, weight, mode: int):
     if mode == 2 or fastpath.wants_grad(grad_output, input, weight):
         from .autograd import backward_apply
 
