@@ -218,6 +218,9 @@ def _make(rank, c, k, spatial, kernel, stride=1, padding=0, dilation=1, groups=1
 # of the axes it is about, and bias, output_mask, layout and batch are drawn from a generator seeded
 # by the case's geometry (_rotated), so they vary across the grid and never change when cases are
 # added elsewhere. Every case's id is its key: the same id always means the same problem and data.
+# 'depthwise' is the families models train with (issue 30): kernel sizes 5 to 31, square or not, stride 1 and 2,
+# dilation 1 and 2, 'half' padding (dilation * (kernel - 1) / 2, what the models use), none and 'same', multiplier 1
+# and 2, each geometry in both NCHW and channels-last (bias, mask and batch still rotate).
 # Sizes are small (<= a few thousand outputs) so PoCL on two cores runs the grid in float32 and
 # float64 in about a minute; the curated model layers below are the larger ones.
 _SPATIAL = {1: (13,), 2: (7, 9), 3: (5, 6, 7)}
@@ -250,6 +253,23 @@ def _transposed(rank: int) -> Iterable[Case | None]:
                                                                  groups):
         kern = 2 if (stride + pad + g) % 2 else 3
         yield _make(rank, c, k, spatial, kern, stride, pad, dil, g, True, op, family="transposed")
+
+
+_DW_KERNELS = {1: (5, 7, 13, 31), 2: (5, 7, (5, 3), (1, 7), 13, 31), 3: (5, (3, 5, 5), (3, 7, 7))}
+_DW_SPATIAL = {1: (40,), 2: (12, 11), 3: (5, 7, 6)}
+
+
+def _depthwise(rank: int) -> Iterable[Case | None]:
+    dils = (1, 2) if rank < 3 else (1,)
+    for kern, sp, dil, mult, layout in itertools.product(_DW_KERNELS[rank], ("half-1", "half-2", "0-1", "same-1"),
+                                                         dils, (1, 2), ("contig", "chlast")):
+        pad, stride = sp.split("-")
+        ks = _v(rank, kern)
+        padding = "same" if pad == "same" else 0 if pad == "0" else tuple(dil * (k - 1) // 2 for k in ks)
+        spatial = tuple(max(n, dil * (k - 1) + 1) for n, k in zip(_DW_SPATIAL[rank], ks))  # 31 taps fit unpadded
+        c = 3 if rank < 3 else 2
+        yield _make(rank, c, c * mult, spatial, kern, int(stride), padding, dil, c, family="depthwise",
+                    layout=layout)
 
 
 def _options(rank: int) -> Iterable[Case | None]:
@@ -288,7 +308,7 @@ def grid() -> list[Case]:
     """The deterministic grid (order and content depend only on this file)."""
     out: list[Case] = []
     seen: set[str] = set()
-    for fam in (_dense, _grouped, _transposed, _options, _batches, _odd):
+    for fam in (_dense, _grouped, _depthwise, _transposed, _options, _batches, _odd):
         for rank in (1, 2, 3):
             for case in fam(rank):
                 if case is not None and case.key not in seen:
