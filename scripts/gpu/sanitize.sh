@@ -38,7 +38,7 @@ echo "== the case lists (natively, both kernel sets at once; the representative 
 pids=()
 for b in $BACKENDS; do timeout 100 python3 "$DRIVER" select "$b" "$R" > "$R/select-$b.txt" 2>&1 & pids+=($!); done
 for p in "${pids[@]}"; do
-  wait "$p" || { echo "sanitize.sh: the native step failed:"; tail -20 "$R"/select-*.txt; exit 1; }
+  wait "$p" || { echo "sanitize.sh: the native step failed:"; tail -n 20 "$R"/select-*.txt; exit 1; }
 done
 cat "$R"/select-*.txt
 
