@@ -32,20 +32,25 @@ def libnvrtc() -> ctypes.CDLL:
     raise SystemExit("libnvrtc not found: pip install nvidia-cuda-nvrtc")
 
 
-def report(entry: str, arch: str, defines: dict[str, str]) -> str:
+def compile_text(text: str, name: str, options: list[str]) -> tuple[int, str]:
+    """(NVRTC's return code, its log with ptxas's resource lines) of building ``text`` with ``options``."""
     lib = libnvrtc()
-    text = inline_source(entry, [sources.folder("cuda")]).encode()
     prog = ctypes.c_void_p()
-    assert lib.nvrtcCreateProgram(ctypes.byref(prog), text, entry.encode(), 0, None, None) == 0
-    opts = ["-std=c++17", f"-arch={arch}", "--ptxas-options=-v", *(f"-D{k}={v}" for k, v in sorted(defines.items()))]
-    arr = (ctypes.c_char_p * len(opts))(*(o.encode() for o in opts))
-    rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), text.encode(), name.encode(), 0, None, None) == 0
+    opts = [*options, "--ptxas-options=-v"]
+    rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*(o.encode() for o in opts)))
     size = ctypes.c_size_t()
     lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
     log = ctypes.create_string_buffer(size.value)
     lib.nvrtcGetProgramLog(prog, log)
     lib.nvrtcDestroyProgram(ctypes.byref(prog))
-    out = log.value.decode(errors="replace")
+    return rc, log.value.decode(errors="replace")
+
+
+def report(entry: str, arch: str, defines: dict[str, str]) -> str:
+    text = inline_source(entry, [sources.folder("cuda")])
+    rc, out = compile_text(text, entry, ["-std=c++17", f"-arch={arch}",
+                                         *(f"-D{k}={v}" for k, v in sorted(defines.items()))])
     if rc:
         raise SystemExit(f"nvrtc failed ({rc}):\n{out}")
     return out

@@ -10,7 +10,6 @@ nothing proves nothing.
 from __future__ import annotations
 
 import ast
-import ctypes
 import importlib.util
 import json
 import os
@@ -122,19 +121,10 @@ def _nvrtc_build(text: str, options: list[str]) -> dict[str, tuple[int, int]]:
     """{kernel: (registers, spilled bytes)} of NVRTC (the nvidia-cuda-nvrtc wheel, no GPU) building ``text``."""
     tool = _script("nvrtc_regs")
     try:
-        lib = tool.libnvrtc()
+        tool.libnvrtc()
     except SystemExit as e:
         _require(None, f"NVRTC ({e})", "PORTCONV_REQUIRE_NVRTC")
-    prog = ctypes.c_void_p()
-    assert lib.nvrtcCreateProgram(ctypes.byref(prog), text.encode(), b"dwconv.cu", 0, None, None) == 0
-    opts = [*options, "--ptxas-options=-v"]
-    rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*(o.encode() for o in opts)))
-    size = ctypes.c_size_t()
-    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-    log = ctypes.create_string_buffer(size.value)
-    lib.nvrtcGetProgramLog(prog, log)
-    lib.nvrtcDestroyProgram(ctypes.byref(prog))
-    text_log = log.value.decode(errors="replace")
+    rc, text_log = tool.compile_text(text, "dwconv.cu", options)
     assert rc == 0, text_log[-3000:]
     assert "warning" not in text_log.lower(), text_log[-3000:]
     got = {}
