@@ -8,8 +8,8 @@
 # kns=portconv_); initcheck checks every kernel, since a write it does not watch would leave memory it calls
 # uninitialised, and the summary counts the reports in portconv's kernels apart. memcheck and initcheck run with torch's
 # caching allocator off, so every tensor is an allocation of its own and a read past its end or of memory never written
-# is not hidden inside a cached block. Each sanitizer process stops after SANITIZE_SECONDS (default 380): with the
-# native step (at most 100 s) the script ends within 9 minutes; what a stopped process ran is still reported.
+# is not hidden inside a cached block. Each sanitizer process stops after SANITIZE_SECONDS (default 280): with the
+# native step (at most SELECT_SECONDS, 240) the script ends within 9 minutes; what a stopped process ran is reported.
 # Knobs: BACKENDS ("cuda hip"), MEMCHECK_DTYPES, SUBSET_DTYPES, SHARDS_MEMCHECK (4), SHARDS_SUBSET (2),
 # SANITIZE_SECONDS. Results in $OUT: sanitize.tar.gz (every log, each case's result, the case lists) and summary.md;
 # the summary table is printed last. Exit status: 0 when every run finished clean and every case passed.
@@ -36,9 +36,13 @@ start=$SECONDS
 
 echo "== the case lists (natively, both kernel sets at once; the representative cases run once, filling the cache)"
 pids=()
-for b in $BACKENDS; do timeout 100 python3 "$DRIVER" select "$b" "$R" > "$R/select-$b.txt" 2>&1 & pids+=($!); done
+# a cold cache compiles every plan's modules here (NVRTC, hundreds of them): SELECT_SECONDS bounds it
+for b in $BACKENDS; do
+  timeout "${SELECT_SECONDS:-240}" python3 "$DRIVER" select "$b" "$R" > "$R/select-$b.txt" 2>&1 & pids+=($!)
+done
 for p in "${pids[@]}"; do
-  wait "$p" || { echo "sanitize.sh: the native step failed:"; tail -n 20 "$R"/select-*.txt; exit 1; }
+  wait "$p" || { rc=$?; echo "sanitize.sh: the native step failed (exit $rc; 124: SELECT_SECONDS ran out):"
+                 tail -n 20 "$R"/select-*.txt; exit 1; }
 done
 cat "$R"/select-*.txt
 
@@ -51,7 +55,7 @@ declare -A TOOL=(
 declare -A CACHING=([memcheck]=1 [racecheck]=0 [initcheck]=1)  # PYTORCH_NO_CUDA_MEMORY_CACHING
 launch() {  # launch TOOL BACKEND LIST SHARD SHARDS: one sanitized process; NAME.rc gets "exit-status seconds"
   local name="$1-$2-$4" t=$SECONDS
-  PYTORCH_NO_CUDA_MEMORY_CACHING=${CACHING[$1]} timeout -k 20 "${SANITIZE_SECONDS:-380}" \
+  PYTORCH_NO_CUDA_MEMORY_CACHING=${CACHING[$1]} timeout -k 20 "${SANITIZE_SECONDS:-280}" \
     "$CS" ${TOOL[$1]} --report-api-errors no --print-limit 50 --log-file "$R/$name.log" \
     python3 "$DRIVER" run "$2" "$R/select-$2.json" "$3" "$4/$5" "$R/$name.jsonl" > "$R/$name.out" 2>&1
   echo "$? $((SECONDS - t))" > "$R/$name.rc"
