@@ -96,7 +96,7 @@ def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding
     # Note [fast path]: grad_output rides in the key's bias slot (its type, shape, strides, dtype and device)
     key = fastpath.key("convolution_backward", input, weight, grad_output,
                        (stride, padding, dilation, _flag(transposed), output_padding, groups,
-                        () if bias_sizes is None else bias_sizes, tuple(_flag(m) for m in output_mask)), backend)
+                        () if bias_sizes is None else bias_sizes, tuple(1 if m else 0 for m in output_mask)), backend)
     hit = fastpath.get(key)
     if hit is not None:
         return _backward(hit[0], hit[1], grad_output, input, weight, mode)

@@ -217,6 +217,31 @@ def test_fast_path_skips_checks_and_planning_and_returns_the_same_plan(fresh, mo
     assert len(hits) == 1 and hits[0][0] is portconv.plan(x, w, b, padding=1, backend="aten")
 
 
+def test_backward_fast_path_skips_checks_and_planning(fresh, monkeypatch):
+    """convolution_backward keeps a fast-path entry per call (Note [fast path]); masks of bools or ints share it, and
+    a grad_output of another shape misses and meets the checks."""
+    from portconv import functional
+
+    x, w, go = torch.randn(2, 4, 8, 8), torch.randn(6, 4, 3, 3), torch.randn(2, 6, 8, 8)
+    args = ([1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    want = torch.ops.aten.convolution_backward(go, x, w, [6], *args, [True, True, True])
+    got = portconv.convolution_backward(go, x, w, [6], *args, (True, True, True), backend="aten")
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(got, want))
+
+    def again(*a, **k):
+        raise AssertionError("validated and planned again")
+
+    monkeypatch.setattr(functional, "backward_problem", again)
+    monkeypatch.setattr(functional, "select", again)
+    for mask in ((True, True, True), [1, 1, 1]):
+        got = portconv.convolution_backward(go, x, w, [6], *args, mask, backend="aten")
+        assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(got, want))
+    with pytest.raises(AssertionError, match="planned again"):  # another mask: another entry
+        portconv.convolution_backward(go, x, w, [6], *args, (False, True, False), backend="aten")
+    with pytest.raises(AssertionError, match="planned again"):  # another grad_output shape: the checks again
+        portconv.convolution_backward(go[:, :, :4], x, w, [6], *args, (True, True, True), backend="aten")
+
+
 def _torch_error(fn) -> str:
     with pytest.raises(RuntimeError) as e:
         fn()
