@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
-import os
 import statistics
 import sys
 import time
@@ -311,18 +310,12 @@ def _found_backends() -> list[str]:
 
 def _conform_custom(a, selected) -> int:
     """portconv conform --custom module:function: check_forward of a user kernel (Note [custom forward])."""
-    import importlib
+    from .custom import check_forward, load
 
-    from .custom import check_forward
-
-    mod_name, _, attr = a.custom.partition(":")
-    if "" not in sys.path and os.getcwd() not in sys.path:  # the module is found as `python -c` would find it
-        sys.path.insert(0, os.getcwd())
     try:
-        fn = getattr(importlib.import_module(mod_name), attr)
-    except (ImportError, AttributeError, ValueError) as e:
-        print(f"portconv conform: cannot load {a.custom!r} (module:function): {type(e).__name__}: {e}",
-              file=sys.stderr)
+        fn = load(a.custom)
+    except ValueError as e:
+        print(f"portconv conform: {e}", file=sys.stderr)
         return EXIT_USAGE
     dtypes = [_dtype(d) for arg in (a.dtype or ["float32,float64"]) for d in arg.split(",")]
     report = check_forward(fn, cases=selected, dtypes=dtypes, device=a.device or "cpu")

@@ -66,84 +66,109 @@ class CustomForward:
             input, weight, bias = composite.autocast(input, weight, bias)
             if torch.compiler.is_compiling():
                 return self._call(input, weight, bias, stride, padding, rest, None, False)
-        # Note [fast path]: a call seen before skips the checks and the argument expansion
+        # Note [fast path]: a call seen before skips the checks, the argument expansion and the supports() decision
         key = fastpath.key((self.name, "call"), input, weight, bias, (stride, padding, *rest), None)
         hit = fastpath.get(key)
         if hit is None:
             return self._call(input, weight, bias, stride, padding, rest, key, lean)
-        params, is_batched, extra, args = hit
+        params, is_batched, args, decided = hit
         x = input if is_batched else input[None]
-        if extra:
+        if any(params.padding_extra):
             x = pad_extra(x, params)
-        out = self._run(x, weight, bias, args, lean)
+        out = self._run(x, weight, bias, args, lean, decided)
         return out if is_batched else out[0]
 
-    def _run(self, x, weight, bias, args: tuple, lean: bool):
+    def _run(self, x, weight, bias, args: tuple, lean: bool, decided: tuple | None):
         """The op (what tracers, transforms and autocast see), or for a plain eager call the same kernels through a
         lean autograd.Function: torch.library's Python autograd costs more a call than the kernels of a small layer."""
-        if not lean:
+        if not lean or decided is None:
             return self.op(x, weight, bias, *args)
         if composite.fastpath.wants_grad(x, weight, bias):
-            return _EagerCustom.apply(x, weight, bias, self, args)
-        return self._real(x, weight, bias, *args)
+            return _EagerCustom.apply(x, weight, bias, self, args, decided)
+        return self._forward(x, weight, bias, args, decided)
+
+    def _op_call(self, input, weight, stride, padding, rest) -> tuple[bool, ConvParams, tuple]:
+        """(batched, the call's ConvParams, the op's arguments) of an F.conv*d-style call, unchecked."""
+        rank = self.rank or weight.dim() - 2
+        is_batched = input.dim() == rank + 2
+        params = self._params(input if is_batched else input[None], weight, stride, padding, rest)
+        return is_batched, params, (list(params.stride), list(params.padding), list(params.dilation),
+                                    params.transposed, list(params.output_padding), params.groups)
 
     def _call(self, input, weight, bias, stride, padding, rest, key, lean: bool):
-        rank = self.rank or weight.dim() - 2
         tracing = torch.compiler.is_compiling()
-        fname = f"conv{'_transpose' if self.transposed else ''}{rank}d"
-        is_batched = input.dim() == rank + 2 if tracing else validate.batchify(spec_of(input), rank, fname)
+        if not tracing:
+            rank = self.rank or weight.dim() - 2
+            validate.batchify(spec_of(input), rank, f"conv{'_transpose' if self.transposed else ''}{rank}d")
+        is_batched, params, args = self._op_call(input, weight, stride, padding, rest)
         x = input if is_batched else input[None]
-        params = self._params(x, weight, stride, padding, rest)
         if not tracing:
             if not self.transposed and not isinstance(padding, str):  # F.conv*d compares the bias dtype first
                 validate.check_functional_bias(spec_of(x), None if bias is None else spec_of(bias))
             validate.check_forward(spec_of(x), spec_of(weight), None if bias is None else spec_of(bias), params)
-        args = (list(params.stride), list(params.padding), list(params.dilation), params.transposed,
-                list(params.output_padding), params.groups)
-        if not tracing:
-            composite.fastpath.put(key, (params, is_batched, any(params.padding_extra), args))
         if any(params.padding_extra):
             x = pad_extra(x, params)
-        out = self._run(x, weight, bias, args, lean)
+        decided = None
+        if key is not None:  # an eager call on real tensors: decided once, kept with the call's entry
+            decided = self._decide(x, weight, bias, args)
+            composite.fastpath.put(key, (params, is_batched, args, decided))
+        out = self._run(x, weight, bias, args, lean, decided)
         return out if is_batched else out[0]
 
     def explain(self, input, weight, bias=None, stride=1, padding=0, *rest) -> str:
         """What runs: the user kernel (or why not) for the forward, and portconv's plan for the gradients."""
-        x = input if input.dim() == (self.rank or weight.dim() - 2) + 2 else input[None]
-        params = self._params(x, weight, stride, padding, rest)
-        problem = Problem(params, spec_of(x), spec_of(weight), bias is not None)
-        ours = self.supports is None or bool(self.supports(problem))
+        ours = self.takes(input, weight, bias, stride, padding, *rest)
         head = (f"forward      user kernel {self.name}" if ours else
                 f"forward      portconv's own: {self.name}'s supports() rejects this problem")
-        p = functional.plan(x, weight, bias, stride, padding, params.dilation, self.transposed,
-                            params.output_padding, params.groups)
+        is_batched, params, _ = self._op_call(input, weight, stride, padding, rest)
+        p = functional.plan(input if is_batched else input[None], weight, bias, stride, padding, params.dilation,
+                            self.transposed, params.output_padding, params.groups)
         text = p.explain(results=("grad_input", "grad_weight", "grad_bias") if ours else
                          ("output", "grad_input", "grad_weight", "grad_bias"))
         lines = [ln for ln in text.splitlines() if not ln.startswith("autograd ")]  # the op's own: the gradients
         return "\n".join([head, *lines, "autograd     the op's: portconv.convolution_backward on this plan"])
 
+    def takes(self, input, weight, bias=None, stride=1, padding=0, *rest) -> bool:
+        """Whether an F.conv*d-style call runs the user kernel: supports() on the problem the op receives (the
+        input batched, padding='same''s extra side applied)."""
+        is_batched, params, args = self._op_call(input, weight, stride, padding, rest)
+        x = input if is_batched else input[None]
+        if any(params.padding_extra):
+            x = pad_extra(x, params)
+        return self._decide(x, weight, bias, args)[2]
+
     # the op's kernels and autograd ------------------------------------------------------------------------------
-    def _real(self, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    def _decide(self, input, weight, bias, args: tuple) -> tuple:
+        """(params, problem, whether the user kernel takes it, the output shape) of the op's arguments."""
+        stride, padding, dilation, transposed, output_padding, groups = args
+        params = ConvParams.make(weight.dim() - 2, stride, padding, dilation, transposed, output_padding, groups,
+                                 weight_shape=tuple(weight.shape))
+        problem = Problem(params, spec_of(input), spec_of(weight), bias is not None)
+        ours = self.supports is None or bool(self.supports(problem))
+        return params, problem, ours, params.output_shape(tuple(input.shape), tuple(weight.shape))
+
+    def _real(self, input, weight, bias, *args):
+        """The op's kernel (CPU and CUDA): the decision cached per call signature (Note [fast path]), then _forward."""
         fastpath = composite.fastpath
-        key = fastpath.key((self.name, "real"), input, weight, bias,
-                           (stride, padding, dilation, "T" if transposed else "F", output_padding, groups), None)
-        hit = fastpath.get(key)
-        if hit is None:
-            rank = weight.dim() - 2
-            params = ConvParams.make(rank, stride, padding, dilation, transposed, output_padding, groups,
-                                     weight_shape=tuple(weight.shape))
-            problem = Problem(params, spec_of(input), spec_of(weight), bias is not None)
-            hit = (params, problem, self.supports is None or bool(self.supports(problem)))
-            fastpath.put(key, hit)
-        params, problem, ours = hit
+        key = fastpath.key((self.name, "real"), input, weight, bias, args, None)
+        decided = fastpath.get(key)
+        if decided is None:
+            decided = self._decide(input, weight, bias, args)
+            fastpath.put(key, decided)
+        return self._forward(input, weight, bias, args, decided)
+
+    def _forward(self, input, weight, bias, args: tuple, decided: tuple):
+        """The user kernel on a problem it takes (portconv's own forward elsewhere), its result checked as the
+        kernel's contract and, once (check=True), against PyTorch in float64."""
+        stride, padding, dilation, transposed, output_padding, groups = args
+        params, problem, ours, want = decided
         if not ours:
             out = functional.convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
                                          groups)
             return out.contiguous()
-        args = (input, weight, bias, list(stride), list(padding))
-        args += (list(output_padding), groups, list(dilation)) if transposed else (list(dilation), groups)
-        out = self.fn(*args)
-        want = params.output_shape(tuple(input.shape), tuple(weight.shape))
+        call = (input, weight, bias, list(stride), list(padding))
+        call += (list(output_padding), groups, list(dilation)) if transposed else (list(dilation), groups)
+        out = self.fn(*call)
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != want or out.dtype != input.dtype \
                 or out.device != input.device:
             got = (f"{tuple(out.shape)} {out.dtype} on {out.device}" if isinstance(out, torch.Tensor)
@@ -152,7 +177,7 @@ class CustomForward:
                             f"{input.device}")
         if self.check and not self.checked:
             self.checked = True
-            verdict = check_call(self.fn, args, out, params, problem)
+            verdict = check_call(self.fn, call, out, params, problem)
             if verdict:
                 self.checked = False
                 raise ValueError(f"{self.name}: the user kernel's output is wrong on {problem.describe()}: {verdict}")
@@ -186,22 +211,40 @@ def _gradients(ctx, grad) -> tuple:
 
 
 class _EagerCustom(torch.autograd.Function):
-    """A plain eager call of a custom forward: CustomForward._real forward, _gradients backward (differentiable:
+    """A plain eager call of a custom forward: CustomForward._forward forward, _gradients backward (differentiable:
     convolution_backward records itself when a graph is being built)."""
 
     @staticmethod
-    def forward(ctx, input, weight, bias, custom: CustomForward, args: tuple):
+    def forward(ctx, input, weight, bias, custom: CustomForward, args: tuple, decided: tuple):
         ctx.save_for_backward(input, weight)
         ctx.args, ctx.bias_sizes = args, (None if bias is None else [bias.shape[0]])
-        return custom._real(input, weight, bias, *args)
+        return custom._forward(input, weight, bias, args, decided)
 
     @staticmethod
     def backward(ctx, grad):
-        return (*_gradients(ctx, grad), None, None)
+        return (*_gradients(ctx, grad), None, None, None)
 
 
 def _rest(rest: tuple, defaults: tuple) -> tuple:
     return tuple(rest) + defaults[len(rest):]
+
+
+def load(ref: str):
+    """The object 'module:attr' names, the module found as `python -c` finds it (the current folder first); ValueError
+    with the cause where it cannot be loaded (`portconv conform --custom`, `portconv bench --custom`)."""
+    import importlib
+    import os
+    import sys
+
+    mod, _, attr = ref.partition(":")
+    if not mod or not attr:
+        raise ValueError(f"{ref!r}: give module:attr")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return getattr(importlib.import_module(mod), attr)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ValueError(f"{ref!r}: cannot load it: {type(e).__name__}: {e}") from e
 
 
 def custom_forward(name: str, supports: Callable[[Problem], bool] | None = None, check: bool = True,

@@ -95,7 +95,7 @@ def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding
         mode = composite.mode(input)
     # Note [fast path]: grad_output rides in the key's bias slot (its type, shape, strides, dtype and device)
     key = fastpath.key("convolution_backward", input, weight, grad_output,
-                       (stride, padding, dilation, _flag(transposed), output_padding, groups,
+                       (stride, padding, dilation, transposed, output_padding, groups,
                         () if bias_sizes is None else bias_sizes, tuple(1 if m else 0 for m in output_mask)), backend)
     hit = fastpath.get(key)
     if hit is not None:
@@ -112,11 +112,6 @@ def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding
     p = select(problem, backend)
     fastpath.put(key, (p, mask))
     return _backward(p, mask, grad_output, input, weight, mode)
-
-
-def _flag(v):
-    """A bool argument as a key can hold it (fastpath keys take ints and strings, never bools)."""
-    return ("T" if v else "F") if type(v) is bool else v
 
 
 def _backward(p: Plan, mask: tuple, grad_output, input, weight, mode: int):

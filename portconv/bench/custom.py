@@ -3,17 +3,12 @@ against portconv's own forward and backward and PyTorch's on suite rows or one s
 from __future__ import annotations
 
 import datetime
-import importlib
 import math
-import os
 import sys
 
-from .. import functional
+from .. import custom, functional
 from ..custom import CustomForward
 from ..errors import BackendUnavailable, ConvError, Unsupported
-from ..params import ConvParams
-from ..problem import Problem
-from ..tensors import spec_of
 from . import data, roofline, settings, timing
 from .report import ms, write_outputs
 from .runner import CHECK_LIMITS, INTERLEAVE_TURN, Options, _device_info, _Run, check
@@ -37,16 +32,11 @@ DIRECTIONS = ("fwd", "fwd+bwd")
 
 
 def load(ref: str) -> CustomForward:
-    """The op named by 'module:attr', the module found as `python -c` finds it (the current folder first)."""
-    mod, _, attr = ref.partition(":")
-    if not mod or not attr:
-        raise ValueError(f"--custom {ref!r}: give module:attr")
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    """The op named by 'module:attr' (portconv.custom.load)."""
     try:
-        op = getattr(importlib.import_module(mod), attr)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"--custom {ref!r}: cannot load it: {type(e).__name__}: {e}") from e
+        op = custom.load(ref)
+    except ValueError as e:
+        raise ValueError(f"--custom {e}") from e
     if not isinstance(op, CustomForward):
         raise ValueError(f"--custom {ref!r} is a {type(op).__name__}, not an op of portconv.custom_forward (the "
                          "bench times the user forward with portconv's backward)")
@@ -59,10 +49,8 @@ def _rejects(op: CustomForward, row, s) -> str | None:
     if c.transposed != op.transposed or op.rank not in (None, c.rank):
         return f"{op.name} is not a {'transposed ' if c.transposed else ''}conv{c.rank}d"
     a = c.conv_args()
-    params = ConvParams.make(c.rank, a["stride"], a["padding"], a["dilation"], a["transposed"], a["output_padding"],
-                             a["groups"], weight_shape=tuple(s.weight.shape), input_shape=tuple(s.input.shape))
-    if op.supports is not None and not op.supports(Problem(params, spec_of(s.input), spec_of(s.weight),
-                                                           s.bias is not None)):
+    rest = (a["output_padding"], a["groups"], a["dilation"]) if c.transposed else (a["dilation"], a["groups"])
+    if not op.takes(s.input, s.weight, s.bias, a["stride"], a["padding"], *rest):
         return f"{op.name}'s supports() rejects it (portconv's own forward would run)"
     return None
 

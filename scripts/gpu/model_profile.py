@@ -53,51 +53,54 @@ def profiled(step, n=3):
 
 
 def main(argv):
-    torch.backends.cudnn.conv.fp32_precision = "ieee"
-    torch.backends.cuda.matmul.fp32_precision = "ieee"
-    for cell in argv:
-        name, dtype, layout = cell.split(":")
-        spec = models.resolve(name)
-        torch.manual_seed(0)
-        model = spec.build().cuda()
-        fmt = models.memory_format(layout, spec)
-        model = model.to(memory_format=fmt)
-        x = torch.rand(spec.batch, *spec.sample, device="cuda").contiguous(memory_format=fmt)
-        y = torch.randint(0, spec.classes, (spec.batch,), device="cuda") if spec.classes else None
-        sides = {"torch": copy.deepcopy(model), "auto": portconv.convert(copy.deepcopy(model))}
-        steps = {side: step_fn(m, x, y, dtype) for side, m in sides.items()}
-        res = {side: profiled(fn) for side, fn in steps.items()}
-        print(f"\n== {cell}")
-        for side, fn in steps.items():  # host time: a step enqueued on an idle GPU, then the whole step
-            host, whole = [], []
-            for _ in range(10):
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                fn()
-                t1 = time.perf_counter()
-                torch.cuda.synchronize()
-                host.append(t1 - t0)
-                whole.append(time.perf_counter() - t0)
-            print(f"  {side}: host {statistics.median(host) * 1e3:.2f} ms, "
-                  f"step {statistics.median(whole) * 1e3:.2f} ms")
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(5):
-            steps["auto"]()
-        torch.cuda.synchronize()
-        prof.disable()
-        out = io.StringIO()
-        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(18)
-        print("  auto, 5 steps, cProfile by own time:\n" + "\n".join(out.getvalue().splitlines()[6:30]))
-        (kt, ot), (ka, oa) = res["torch"], res["auto"]
-        print(f"  {cell}: GPU us/step torch {sum(kt.values()):.0f}, auto {sum(ka.values()):.0f}")
-        diff = sorted(set(kt) | set(ka), key=lambda k: -abs(ka[k] - kt[k]))
-        for k in diff[:14]:
-            print(f"  {kt[k]:9.1f} {ka[k]:9.1f}  {k}")
-        print("  aten ops whose count per step differs (torch, auto):")
-        for k in sorted(set(ot) | set(oa), key=lambda k: -abs(oa[k] - ot[k]))[:12]:
-            if ot[k] != oa[k]:
-                print(f"  {ot[k]:7.1f} {oa[k]:7.1f}  {k}")
+    with models.precision(True, torch.device("cuda")):  # IEEE float32, as the model bench runs
+        for cell in argv:
+            profile_cell(cell)
+
+
+def profile_cell(cell: str):
+    name, dtype, layout = cell.split(":")
+    spec = models.resolve(name)
+    torch.manual_seed(0)
+    model = spec.build().cuda()
+    fmt = models.memory_format(layout, spec)
+    model = model.to(memory_format=fmt)
+    x = torch.rand(spec.batch, *spec.sample, device="cuda").contiguous(memory_format=fmt)
+    y = torch.randint(0, spec.classes, (spec.batch,), device="cuda") if spec.classes else None
+    sides = {"torch": copy.deepcopy(model), "auto": portconv.convert(copy.deepcopy(model))}
+    steps = {side: step_fn(m, x, y, dtype) for side, m in sides.items()}
+    res = {side: profiled(fn) for side, fn in steps.items()}
+    print(f"\n== {cell}")
+    for side, fn in steps.items():  # host time: a step enqueued on an idle GPU, then the whole step
+        host, whole = [], []
+        for _ in range(10):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            host.append(t1 - t0)
+            whole.append(time.perf_counter() - t0)
+        print(f"  {side}: host {statistics.median(host) * 1e3:.2f} ms, "
+              f"step {statistics.median(whole) * 1e3:.2f} ms")
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(5):
+        steps["auto"]()
+    torch.cuda.synchronize()
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(18)
+    print("  auto, 5 steps, cProfile by own time:\n" + "\n".join(out.getvalue().splitlines()[6:30]))
+    (kt, ot), (ka, oa) = res["torch"], res["auto"]
+    print(f"  {cell}: GPU us/step torch {sum(kt.values()):.0f}, auto {sum(ka.values()):.0f}")
+    diff = sorted(set(kt) | set(ka), key=lambda k: -abs(ka[k] - kt[k]))
+    for k in diff[:14]:
+        print(f"  {kt[k]:9.1f} {ka[k]:9.1f}  {k}")
+    print("  aten ops whose count per step differs (torch, auto):")
+    for k in sorted(set(ot) | set(oa), key=lambda k: -abs(oa[k] - ot[k]))[:12]:
+        if ot[k] != oa[k]:
+            print(f"  {ot[k]:7.1f} {oa[k]:7.1f}  {k}")
 
 
 if __name__ == "__main__":
