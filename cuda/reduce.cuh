@@ -76,7 +76,7 @@ PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_bias_grad(const pc_conv_args a) {
  * docs/kernels/depthwise.md).
  * Either way grid-stride: any grid is correct. It may be a dependent launch (Note [dependent launch]):
  * nothing is read before pc_grid_dependency_wait. The splits' partials meet in double (Note [long reductions] in
- * portconv/conformance/longred.py): float32 partials of whole counts add exactly (1.6e9 ones), at no cost that shows
+ * portconv/conformance/longred.py): float32 partials of whole counts add exactly (2.4e9 ones), at no cost that shows
  * (a few values, read once). */
 #if !defined(PC_ONLY) || defined(PC_ONLY_portconv_split_finalize)
 PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_split_finalize(const pc_conv_args a) {

@@ -480,7 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--seed", type=int, default=0, help="with --fuzz: the sequence's seed")
     f.add_argument("--seconds", type=float, default=None, metavar="S", help="with --fuzz: stop after S seconds")
     f.add_argument("--long-reductions", action="store_true",
-                   help="float32 gradients over 67M random positions and 1.6e9 ones per own kernel family instead")
+                   help="float32 gradients over 67M random positions and 2.4e9 ones per own kernel family instead")
     f.add_argument("--custom", metavar="MODULE:FUNCTION", default=None,
                    help="check a user forward kernel (portconv.custom_forward or a plain function) instead")
     f.add_argument("-q", "--quiet", action="store_true", help="no progress bar")

@@ -4,8 +4,9 @@ The grid's problems are small, so it cannot see how a kernel family adds million
 family (direct, implicit GEMM, depthwise), float32, the family forced with portconv.options(algorithm=...):
   random: x and grad_output drawn from N(0, 1) over ``positions`` positions (default 2^26, 67M), 1x1 weights; the
     weight and bias gradients against float64 sums, relative error (L2) at most RANDOM_LIMIT;
-  ones: stride-0 tensors of ones over ``ones`` positions (default 1.6e9, no memory): the weight and bias gradients must
-    equal the count exactly (1.6e9 is a float32 number; a lone float32 accumulator stops at 2^24).
+  ones: stride-0 tensors of ones over ``ones`` positions (default 2.4e9, no memory): the weight and bias gradients must
+    equal the count exactly (2.4e9 is a float32 number; a lone float32 accumulator stops at 2^24). The count passes
+    2^31, so a reduction length, work count or packed argument held in 32 bits shows here.
 Each returns LongResult rows; `portconv conform --long-reductions` prints them and tests/test_long_reductions.py runs
 them on the backend under test.
 """
@@ -20,7 +21,7 @@ from .. import functional, knobs
 FAMILIES = ("direct", "implicit_gemm", "depthwise")
 RANDOM_LIMIT = 1e-5
 RANDOM_POSITIONS = 1 << 26
-ONES = 1_600_000_000
+ONES = 2_400_000_000  # > 2^31 - 1, a multiple of 256: exact in float32
 _W = 1024  # random: positions a row, shapes (1, C, positions / _W, _W)
 _PLANE = 1000  # ones: shapes (positions / _PLANE^2, C, _PLANE, _PLANE)
 
