@@ -1,6 +1,7 @@
 """Per call: the cache that skips validation and planning (Note [fast path]), the special-mode and tensor tests."""
 from __future__ import annotations
 
+import collections
 import sys
 import types
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from .tensors import ARRAY_DEVICE_TYPES, array_key
 # the checks and raises PyTorch's error before any kernel runs. What is not in the key is checked on every call:
 # grad mode and requires_grad. pyopencl and cupy arrays take the same path (tensors.array_key: per array exactly
 # what spec_of reads of it); they carry no autograd. The cache is LRU-bounded like the plan cache (PORTCONV_PLAN_CACHE).
-_entries: dict[tuple, tuple] = {}
+_entries: collections.OrderedDict[tuple, tuple] = collections.OrderedDict()
 _torch = None  # the torch module once it is imported (portconv never imports it for pyopencl/cupy arrays)
 _tensor_types: tuple = ()
 _strided = None
@@ -146,18 +147,18 @@ def _array_call_key(name, input, weight, bias, args: tuple, backend) -> tuple | 
 def get(k: tuple | None):
     if k is None:
         return None
-    hit = _entries.get(k)
-    if hit is not None:  # least recently used goes first: re-insert at the end
-        del _entries[k]
-        _entries[k] = hit
-    return hit
+    try:  # least recently used goes first: a hit moves to the end (one lookup, one hash of the key)
+        _entries.move_to_end(k)
+    except KeyError:
+        return None
+    return _entries[k]
 
 
 def put(k: tuple | None, value: tuple) -> None:
     if k is None:
         return
     while _entries and len(_entries) >= knobs.env().plan_cache:
-        del _entries[next(iter(_entries))]
+        _entries.popitem(last=False)
     _entries[k] = value
 
 

@@ -98,9 +98,26 @@ KNOBS: tuple[Knob, ...] = (
 KNOB_NAMES = tuple(k.name for k in KNOBS)
 
 
+class _HashedOnce:
+    """A frozen dataclass that sits in every call's cache key (Note [fast path]): its hash is computed once, as
+    the dataclass would compute it (the tuple of its fields), and kept in the instance."""
+
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __getstate__(self) -> dict:  # a str's hash differs between processes: the kept one is not pickled
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+
 @dataclasses.dataclass(frozen=True)
-class Env:
+class Env(_HashedOnce):
     """The PORTCONV_* environment, parsed."""
+
+    __hash__ = _HashedOnce.__hash__  # kept by @dataclass (an explicit __hash__ in the class body)
 
     backend: str | None = None
     disable: frozenset[str] = frozenset()
@@ -125,11 +142,13 @@ class Env:
 
 
 @dataclasses.dataclass(frozen=True)
-class Options:
+class Options(_HashedOnce):
     """Developer overrides of the own kernel sets' choices: typed, validated, part of every plan's cache key.
 
     None (False) everywhere is the default plan; a field that is set forces that choice where it applies and
     raises Unsupported (with the reason) where the problem cannot take it."""
+
+    __hash__ = _HashedOnce.__hash__
 
     algorithm: str | None = None  # the kernel family: ALGORITHMS
     igemm_tile: str | None = None  # the CUDA/HIP tensor-core tile of every implicit-GEMM launch: TC_TILES
