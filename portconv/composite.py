@@ -42,6 +42,30 @@ def _ops():
     return ops
 
 
+# Note [autocast and ATen's plans]
+# Under autocast a convNd call whose plan (for the cast operands) is ATen's, recorded by ATen (Plan.aten_autograd),
+# is PyTorch's own call: torch.nn.functional.convNd on the operands as they came, cast by ATen's autocast wrapper
+# (in C++, with its cache of weight casts) into the very convolution the plan names. functional.py keeps, per call
+# key of the uncast operands and the autocast dtype, only that the plan is ATen's (the cast is a function of the
+# operands' specs and the dtype, so the plan is too); any other plan takes the cast and the eager path each call.
+def autocast_dtype(input):
+    """The dtype autocast casts ``input``'s convolutions to, or None when autocast is off for its device type."""
+    torch = fastpath._torch
+    if not isinstance(input, torch.Tensor):
+        return None
+    device_type = input.device.type
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+
+
+def torch_convnd(name: str, input, weight, bias, stride, padding, dilation, groups, output_padding):
+    """torch.nn.functional's ``name`` (conv1d .. conv_transpose3d) with these arguments (Note [autocast and ATen's
+    plans])."""
+    fn = getattr(fastpath._torch.nn.functional, name)
+    if name.startswith("conv_transpose"):
+        return fn(input, weight, bias, stride, padding, output_padding, groups, dilation)
+    return fn(input, weight, bias, stride, padding, dilation, groups)
+
+
 def autocast(input, weight, bias):
     """The operands as ATen's autocast wrapper for a lower-precision op passes them on (Note [eager and traced
     calls]); unchanged when autocast is off for the input's device type."""

@@ -124,7 +124,16 @@ def _backward(p: Plan, mask: tuple, grad_output, input, weight, mode: int):
 
 def _convnd(rank: int, name: str, input, weight, bias, stride, padding, dilation, groups, backend,
             transposed=False, output_padding=0, mode: int = 0):
+    akey = None
     if mode == 0 and fastpath.special():  # Note [eager and traced calls]
+        cast = composite.autocast_dtype(input)
+        if cast is not None and not composite.traced(input) and composite.mode(input) == 1:
+            # Note [autocast and ATen's plans]: keyed by the operands as they come, before the cast
+            akey = fastpath.key((name, cast), input, weight, bias, (stride, padding, dilation, groups, output_padding),
+                                backend)
+            if fastpath.get(akey) is not None:
+                return composite.torch_convnd(name, input, weight, bias, stride, padding, dilation, groups,
+                                              output_padding)
         input, weight, bias = composite.autocast(input, weight, bias)  # before F.convNd's checks, as ATen's does
         if composite.traced(input):
             return composite.traced_convnd(rank, name, input, weight, bias, stride, padding, dilation, groups, backend,
@@ -133,6 +142,8 @@ def _convnd(rank: int, name: str, input, weight, bias, stride, padding, dilation
     key = fastpath.key(name, input, weight, bias, (stride, padding, dilation, groups, output_padding), backend)
     hit = fastpath.get(key)
     if hit is not None:  # Note [fast path]
+        if akey is not None and hit[0] is not None and hit[0].aten_autograd:
+            fastpath.put(akey, (True,))
         if hit[2]:
             return _execute(hit[0], input, weight, bias, hit[1], mode)
         return _execute(hit[0], input[None], weight, bias, hit[1], mode)[0]
@@ -152,6 +163,8 @@ def _convnd(rank: int, name: str, input, weight, bias, stride, padding, dilation
                              weight_shape=spec_of(weight).shape, input_shape=spec_of(input).shape)
     p = prepare(input, weight, bias, params, backend, None if key is None else key[-1])
     fastpath.put(key, (p, params, is_batched))
+    if akey is not None and p is not None and p.aten_autograd:
+        fastpath.put(akey, (True,))
     out = _execute(p, input, weight, bias, params, mode)
     return out if is_batched else out[0]
 

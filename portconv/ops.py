@@ -175,6 +175,7 @@ def _make_problem(ispec, wspec, has_bias: bool, params: ConvParams):
 
 @convolution.register_fake
 def _convolution_fake(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups, backend):
+    _register_decompositions()
     ispec, wspec, *bspec = _specs(input, weight, *(() if bias is None else (bias,)))
     params = ConvParams.make(max(wspec.dim - 2, 1), stride, padding, dilation, transposed, output_padding,
                              _hint(groups), weight_shape=wspec.shape)
@@ -190,6 +191,7 @@ def _convolution_fake(input, weight, bias, stride, padding, dilation, transposed
 @convolution_backward.register_fake
 def _convolution_backward_fake(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
                                output_padding, groups, output_mask, backend):
+    _register_decompositions()
     mask = tuple(bool(m) for m in output_mask)
     gspec, ispec, wspec = _specs(grad_output, input, weight)
     params = ConvParams.make(max(wspec.dim - 2, 1), stride, padding, dilation, transposed, output_padding,
@@ -207,6 +209,88 @@ def _convolution_backward_fake(grad_output, input, weight, bias_sizes, stride, p
 
     return (like(input) if mask[0] else input.new_empty(0), like(weight) if mask[1] else input.new_empty(0),
             weight.new_empty(list(bias_sizes)) if mask[2] else input.new_empty(0))
+
+
+# --- Inductor: ATen's plans as ATen's ops (Note [ATen's plans in compiled graphs]) --------------------------------
+# Note [ATen's plans in compiled graphs]
+# Inductor compiles a portconv op whose plan is ATen's, recorded by ATen (Plan.aten_autograd), as ATen's op itself:
+# a decomposition, which Inductor's graph tracing applies after autograd, turns portconv::convolution into
+# aten.convolution and portconv::convolution_backward into aten.convolution_backward with the same arguments (what
+# the aten runner calls), so Inductor lowers them as it lowers PyTorch's own convolution, with no Python op (tens of
+# microseconds a call) in the compiled graph. The plan is made as the fake kernels make it, from the operands' specs
+# and portconv's context at compile time; with a symbolic size the op stays and plans at run time. The dynamo graph,
+# make_fx and export keep the portconv ops (Note [custom ops]): only Inductor's table holds the decompositions,
+# registered when a fake kernel first runs (the first trace), before Inductor reads the table. Inductor's caches key
+# the graph, not portconv's context: a graph compiled (or cached on disk) under other PORTCONV_* knobs or options
+# keeps the plans it was compiled with until it is compiled afresh.
+def _aten_plan(problem, backend: str) -> bool:
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        return planner.select(problem, _request(backend)).aten_autograd
+
+
+def _static_specs(*tensors):
+    """The specs of fake operands, or None when a size or stride is symbolic."""
+    pairs = [_hint_spec(t) for t in tensors]
+    return None if any(sym for _, sym in pairs) else [s for s, _ in pairs]
+
+
+def _convolution_as_aten(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups, backend):
+    specs = _static_specs(input, weight) if type(groups) is int else None
+    if specs is None or input.is_complex():
+        return NotImplemented
+    params = ConvParams.make(specs[1].dim - 2, stride, padding, dilation, transposed, output_padding, groups,
+                             weight_shape=specs[1].shape)
+    problem = _make_problem(specs[0], specs[1], bias is not None, params)
+    if validate.is_empty_problem(problem) or not _aten_plan(problem, backend):
+        return NotImplemented
+    return torch.ops.aten.convolution.default(input, weight, bias, stride, padding, dilation, transposed,
+                                              output_padding, groups)
+
+
+def _convolution_backward_as_aten(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+                                  output_padding, groups, output_mask, backend):
+    specs = _static_specs(grad_output, input, weight) if type(groups) is int else None
+    if specs is None or input.is_complex() or (bias_sizes is not None and any(type(s) is not int for s in bias_sizes)):
+        return NotImplemented
+    params = ConvParams.make(specs[2].dim - 2, stride, padding, dilation, transposed, output_padding, groups,
+                             weight_shape=specs[2].shape, backward=True)
+    problem = _make_problem(specs[1], specs[2], bias_sizes is not None, params)
+    if validate.is_empty_problem(problem) or not _aten_plan(problem, backend):
+        return NotImplemented
+    grads = torch.ops.aten.convolution_backward.default(grad_output, input, weight, bias_sizes, stride, padding,
+                                                         dilation, transposed, output_padding, groups, output_mask)
+    return tuple(g if m and g is not None else input.new_empty(0) for g, m in zip(grads, output_mask))
+
+
+_decomposed = False
+
+
+def _register_decompositions() -> None:
+    """Note [ATen's plans in compiled graphs]: into Inductor's decomposition table, once (a no-op where Inductor
+    cannot be imported)."""
+    global _decomposed
+    if _decomposed:
+        return
+    _decomposed = True
+    table = {torch.ops.portconv.convolution.default: _convolution_as_aten,
+             torch.ops.portconv.convolution_backward.default: _convolution_backward_as_aten}
+    try:
+        from torch._inductor import decomposition, lowering
+        from torch._library.utils import get_layout_constraint_tag
+
+        # A call that keeps its op (NotImplemented) is lowered as a fallback kernel, which Inductor refuses to make
+        # for an op in its decomposition table unless told to (override_decomp): made here, with the layout
+        # constraint Inductor's implicit fallback gives a custom op.
+        for op in table:
+            if op not in lowering.lowerings:
+                lowering.make_fallback(op, layout_constraint=lowering.tag_to_layout_constraint(
+                    get_layout_constraint_tag(op, with_default=True)), warn=False, override_decomp=True)
+        decomposition.decompositions.update(table)
+        decomposition.fast_random_decomps().update(table)  # the cached copy Inductor traces with
+    except (ImportError, AttributeError, TypeError):  # another torch's Inductor: the ops stay, as without this note
+        return
 
 
 # --- autograd: the backward op, and ATen's double backward through the ops (Note [portconv autograd]) -----------

@@ -189,6 +189,36 @@ def test_eager_calls_stay_off_the_ops(be, monkeypatch):
     assert calls
 
 
+def test_inductor_compiles_aten_plans_as_atens_convolution(be, monkeypatch):
+    """Note [ATen's plans in compiled graphs]: under Inductor a call whose plan is ATen's runs as ATen's own
+    convolution and convolution_backward (the portconv ops never run); an own kernel set's plan runs the ops. The
+    compiled step matches eager either way, and the dynamo graph still records the portconv op."""
+    calls = []
+    for name in ("_forward_plan", "_backward_plan"):
+        real = getattr(ops, name)
+        monkeypatch.setattr(ops, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
+    model, shape = _model("2d")
+    ours = pnn.convert(model.to(_device(be)), backend=be)
+    x = torch.randn(shape, device=_device(be))
+    want = _grads(ours, x)
+    assert not calls  # eager calls stay off the ops
+    compiled = torch.compile(ours, fullgraph=True)
+    with torch._inductor.config.patch(force_disable_caches=True):  # compiled here, not taken from a cache
+        for _ in range(2):
+            got = _grads(compiled, x)
+            torch.testing.assert_close(got[0], want[0])
+            for g, g_ref in zip(got[1], want[1]):
+                torch.testing.assert_close(g, g_ref)
+    if be == "aten":
+        assert not calls, calls
+    elif be in ("opencl", "cuda", "hip"):
+        assert {"_forward_plan", "_backward_plan"} <= set(calls), calls
+    graphs = []
+    torch._dynamo.reset()
+    torch.compile(ours, fullgraph=True, backend=lambda gm, _: graphs.append(gm) or gm)(x)
+    assert torch.ops.portconv.convolution.default in {n.target for n in graphs[0].graph.nodes}
+
+
 def _amp_step(model, x, device_type, dtype):
     model.zero_grad()
     with torch.autocast(device_type, dtype=dtype):
@@ -227,6 +257,38 @@ def test_autocast_cpu_bfloat16_matches_pytorch_amp(be):
         with pytest.raises(RuntimeError) as got:
             portconv.conv2d(x, w, backend=be)
     assert str(got.value) == str(want.value)
+
+
+def test_autocast_repeats_are_pytorchs_call_for_aten_plans(be, monkeypatch):
+    """Note [autocast and ATen's plans]: from its second time under autocast, a call whose plan ATen records is
+    PyTorch's own F.convNd on the operands as they came (ATen's autocast casts them); a plan of an own kernel set
+    keeps the cast and the eager path. Every step matches PyTorch AMP, in values and dtypes."""
+    from portconv import composite, planner
+
+    planner.clear_cache()  # fresh call keys: the first step below is each call's first under autocast
+    device_type = _device(be)
+    if device_type == "cuda" and not CUDA:
+        pytest.skip("needs a CUDA device")
+    model, shape = _model("2d")
+    model = model.to(device_type)
+    ours = pnn.convert(model, backend=be)
+    x = torch.randn(shape, device=device_type)
+    routed, real = [], composite.torch_convnd
+    monkeypatch.setattr(composite, "torch_convnd", lambda name, *a: routed.append(name) or real(name, *a))
+    want = _amp_step(model, x, device_type, torch.bfloat16)
+    tol = {} if device_type == "cpu" else dict(rtol=2e-2, atol=2e-2)
+    for _ in range(3):
+        got = _amp_step(ours, x, device_type, torch.bfloat16)
+        assert got[0].dtype == want[0].dtype == torch.bfloat16
+        torch.testing.assert_close(got[1], want[1], **tol)
+        for g, g_ref in zip(got[2], want[2]):
+            assert g.dtype == g_ref.dtype
+            torch.testing.assert_close(g, g_ref, **tol)
+    convs = sum(isinstance(m, torch.nn.modules.conv._ConvNd) for m in ours.modules())
+    if be == "aten":
+        assert sorted(set(routed)) == ["conv2d", "conv_transpose2d"] and len(routed) == 2 * convs, routed
+    elif be in ("opencl", "cuda", "hip"):
+        assert not routed, routed
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
