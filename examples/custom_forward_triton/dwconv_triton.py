@@ -20,13 +20,16 @@ TILE = 512  # outputs a program computes (BLOCK_P x BLOCK_Q)
 GRID_Y = 65535  # the largest grid y extent: tiles of one output plane
 
 
-@triton.jit
-def _dw_forward(x_ptr, w_ptr, b_ptr, y_ptr, C, M, H, W, P, Q, SH, SW, PH, PW, DH, DW,
-                R: tl.constexpr, S: tl.constexpr, HAS_BIAS: tl.constexpr,
-                BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr):
+_SIZES = ["C", "M", "H", "W", "P", "Q", "SH", "SW", "PH", "PW", "DH", "DW", "R", "S"]
+
+
+@triton.jit(do_not_specialize=_SIZES)
+def _dw_forward(x_ptr, w_ptr, b_ptr, y_ptr, C, M, H, W, P, Q, SH, SW, PH, PW, DH, DW, R, S,
+                HAS_BIAS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr):
     # Note [triton depthwise]: x (N, C, H, W), w (C*M, 1, R, S), y (N, C*M, P, Q), all contiguous. Program (plane,
     # tile): plane = n * K + k on grid axis 0, the tile's BLOCK_P x BLOCK_Q outputs of that plane on axis 1. The
-    # R x S taps are unrolled (constexpr), the sum runs in float32 in (r, s) order over masked loads that read 0
+    # R x S taps are runtime loops and no size is specialised (do_not_specialize), so one binary per dtype, bias
+    # and tile shape serves every problem; the sum runs in float32 in (r, s) order over masked loads that read 0
     # outside the input plane, and is rounded to y's type once. Offsets inside a plane are 32-bit (supports() keeps
     # planes under 2^31 elements), plane offsets 64-bit.
     plane = tl.program_id(0)
@@ -39,9 +42,9 @@ def _dw_forward(x_ptr, w_ptr, b_ptr, y_ptr, C, M, H, W, P, Q, SH, SW, PH, PW, DH
     q = (tile % tiles_q) * BLOCK_Q + tl.arange(0, BLOCK_Q)[None, :]
     x_plane = x_ptr + (n * C + k // M).to(tl.int64) * H * W
     acc = tl.zeros((BLOCK_P, BLOCK_Q), dtype=tl.float32)
-    for r in tl.static_range(R):
+    for r in range(R):
         h = p * SH - PH + r * DH
-        for s in tl.static_range(S):
+        for s in range(S):
             v = q * SW - PW + s * DW
             inside = (h >= 0) & (h < H) & (v >= 0) & (v < W)
             xv = tl.load(x_plane + h * W + v, mask=inside, other=0.0)
@@ -54,9 +57,9 @@ def _dw_forward(x_ptr, w_ptr, b_ptr, y_ptr, C, M, H, W, P, Q, SH, SW, PH, PW, DH
 
 
 def _blocks(p: int, q: int) -> tuple[int, int, int]:
-    """(BLOCK_P, BLOCK_Q, tiles of a P x Q plane): powers of two (tl.arange), up to 64 wide, TILE outputs."""
-    bq = min(64, triton.next_power_of_2(q))
-    bp = min(triton.next_power_of_2(p), TILE // bq)
+    """(BLOCK_P, BLOCK_Q, tiles of a P x Q plane): TILE outputs, 16 or 64 wide (two tile shapes, two binaries)."""
+    bq = 16 if q <= 16 else 64
+    bp = TILE // bq
     return bp, bq, triton.cdiv(p, bp) * triton.cdiv(q, bq)
 
 
@@ -85,6 +88,6 @@ def dw_forward(input, weight, bias, stride, padding, dilation, groups):
     bp, bq, tiles = _blocks(p, q)
     with torch.cuda.device(input.device):  # Triton launches on the current device's current stream
         _dw_forward[(n * k, tiles)](input, weight, weight if bias is None else bias.contiguous(), out, c, k // c, h, w,
-                                    p, q, *stride, *padding, *dilation, R=r, S=s, HAS_BIAS=bias is not None,
+                                    p, q, *stride, *padding, *dilation, r, s, HAS_BIAS=bias is not None,
                                     BLOCK_P=bp, BLOCK_Q=bq)
     return out
