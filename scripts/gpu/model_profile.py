@@ -52,6 +52,28 @@ def profiled(step, n=3):
     return kern, ops
 
 
+def plans_of(model, step, dtype) -> collections.Counter:
+    """The plan of each convolution module's call in one step (under the step's autocast): its backend, and whether
+    ATen records it (Plan.aten_autograd: no portconv autograd.Function on the call)."""
+    seen, hooks = collections.Counter(), []
+
+    def hook(m, args, out):
+        x = args[0]
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=False):
+            dt = x.dtype if dtype != "bfloat16" else torch.bfloat16
+            p = portconv.plan(x.to(dt), m.weight.to(dt), None if m.bias is None else m.bias.to(dt), m.stride,
+                              m.padding, m.dilation, m.transposed, m.output_padding, m.groups, backend=m.backend)
+        seen[(p.backend, "aten-recorded" if p.aten_autograd else "autograd.Function")] += 1
+
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.conv._ConvNd):
+            hooks.append(m.register_forward_hook(hook))
+    step()
+    for h in hooks:
+        h.remove()
+    return seen
+
+
 def main(argv):
     with models.precision(True, torch.device("cuda")):  # IEEE float32, as the model bench runs
         for cell in argv:
@@ -71,6 +93,8 @@ def profile_cell(cell: str):
     steps = {side: step_fn(m, x, y, dtype) for side, m in sides.items()}
     res = {side: profiled(fn) for side, fn in steps.items()}
     print(f"\n== {cell}")
+    print("  auto's plans (backend, ATen records the call, per conv module): "
+          + ", ".join(f"{k} x{v}" for k, v in plans_of(sides["auto"], steps["auto"], dtype).most_common()))
     for side, fn in steps.items():  # host time: a step enqueued on an idle GPU, then the whole step
         host, whole = [], []
         for _ in range(10):
