@@ -45,6 +45,12 @@ def test_case(conf_backend, conf_dtype, conf_case):
     r = run_case(conf_case, conf_backend, conf_dtype)
     if r.status == "unsupported":  # reported with the plan's reason, never counted as a pass
         pytest.skip(f"unsupported on {conf_backend}: {r.reason}")
+    if r.status == "fail" and conf_backend in ("cudnn", "miopen"):
+        # a vendor library's own accuracy: PyTorch's default call (the aten backend) fails the same case too
+        own = run_case(conf_case, "aten", conf_dtype)
+        if own.status == "fail":
+            pytest.xfail(f"{conf_backend} fails as PyTorch's own call does (the library's accuracy, not portconv's "
+                         f"routing): {r.errors()[0]}; aten: {own.errors()[0]}")
     assert r.status == "pass", _explain(r, conf_backend)
 
 
