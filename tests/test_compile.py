@@ -189,16 +189,17 @@ def test_eager_calls_stay_off_the_ops(be, monkeypatch):
     assert calls
 
 
-def test_inductor_compiles_aten_plans_as_atens_convolution(be, monkeypatch):
-    """Note [ATen's plans in compiled graphs]: under Inductor a call whose plan is ATen's runs as ATen's own
-    convolution and convolution_backward (the portconv ops never run); an own kernel set's plan runs the ops. The
-    compiled step matches eager either way, and the dynamo graph still records the portconv op."""
+@pytest.mark.parametrize("forced", [True, False], ids=["forced", "automatic"])
+def test_inductor_compiles_aten_plans_as_atens_convolution(be, forced, monkeypatch):
+    """Note [ATen's plans in compiled graphs]: under Inductor a call whose plan is ATen's, or whose backend was not
+    forced, runs as ATen's own convolution and convolution_backward (the portconv ops never run); a forced own
+    kernel set runs the ops. The compiled step matches eager either way, and the dynamo graph records the op."""
     calls = []
     for name in ("_forward_plan", "_backward_plan"):
         real = getattr(ops, name)
         monkeypatch.setattr(ops, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
     model, shape = _model("2d")
-    ours = pnn.convert(model.to(_device(be)), backend=be)
+    ours = pnn.convert(model.to(_device(be)), backend=be if forced else None)
     x = torch.randn(shape, device=_device(be))
     want = _grads(ours, x)
     assert not calls  # eager calls stay off the ops
@@ -209,7 +210,7 @@ def test_inductor_compiles_aten_plans_as_atens_convolution(be, monkeypatch):
             torch.testing.assert_close(got[0], want[0])
             for g, g_ref in zip(got[1], want[1]):
                 torch.testing.assert_close(g, g_ref)
-    if be == "aten":
+    if be == "aten" or not forced:
         assert not calls, calls
     elif be in ("opencl", "cuda", "hip"):
         assert {"_forward_plan", "_backward_plan"} <= set(calls), calls

@@ -1,7 +1,7 @@
 """Where a converted model's training step spends GPU time that PyTorch's does not: kernels and aten ops of a few
 profiled steps, both sides, largest differences first. Public APIs only (portconv.convert, torch.profiler).
 
-  python3 scripts/gpu/model_profile.py resnet50:bfloat16:channels_last [mobilenet_v2:float32:nchw ...]
+  python3 scripts/gpu/model_profile.py resnet50:bfloat16:channels_last [mobilenet_v2:float32:nchw:compile ...]
 """
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def main(argv):
 
 
 def profile_cell(cell: str):
-    name, dtype, layout = cell.split(":")
+    name, dtype, layout, *mode = cell.split(":")
     spec = models.resolve(name)
     torch.manual_seed(0)
     model = spec.build().cuda()
@@ -90,11 +90,15 @@ def profile_cell(cell: str):
     x = torch.rand(spec.batch, *spec.sample, device="cuda").contiguous(memory_format=fmt)
     y = torch.randint(0, spec.classes, (spec.batch,), device="cuda") if spec.classes else None
     sides = {"torch": copy.deepcopy(model), "auto": portconv.convert(copy.deepcopy(model))}
+    if mode == ["compile"]:  # torch.compile of each side's model (the loss and the optimizer stay eager)
+        torch._dynamo.reset()
+        sides = {side: torch.compile(m) for side, m in sides.items()}
     steps = {side: step_fn(m, x, y, dtype) for side, m in sides.items()}
     res = {side: profiled(fn) for side, fn in steps.items()}
     print(f"\n== {cell}")
-    print("  auto's plans (backend, ATen records the call, per conv module): "
-          + ", ".join(f"{k} x{v}" for k, v in plans_of(sides["auto"], steps["auto"], dtype).most_common()))
+    if not mode:  # (hooks on a compiled model's modules would recompile it)
+        print("  auto's plans (backend, ATen records the call, per conv module): "
+              + ", ".join(f"{k} x{v}" for k, v in plans_of(sides["auto"], steps["auto"], dtype).most_common()))
     for side, fn in steps.items():  # host time: a step enqueued on an idle GPU, then the whole step
         host, whole = [], []
         for _ in range(10):
