@@ -10,6 +10,8 @@
 # profile: scripts/gpu/model_profile.py of PROFILE_CELLS (model:dtype:layout ...): GPU time by kernel, both sides
 # longred: portconv conform --long-reductions on cuda, hip and opencl (Note [long reductions])
 # fuzz:    portconv conform --fuzz on cuda, hip and opencl, four dtypes, FUZZ_SECONDS each (in parallel)
+# pocl:    portconv conform --backend opencl on the machine's own CPU OpenCL (its PoCL, PORTCONV_OPENCL_DEVICE=cpu),
+#          float32 and float64: the float64 implicit-GEMM grad_weight defect seen on Debian PoCL 5.0
 # first:   portconv bench --models --first-step (fresh processes, cold and warm caches; FIRST_ARGS adds flags)
 #          models and first extend /tmp/models/models.json (--resume), so later calls on a warm machine add cells
 # bench:   portconv bench of every suite row and backend, held stream (BENCH_ARGS adds flags)
@@ -87,6 +89,10 @@ if has fuzz; then
     PORTCONV_OPENCL_DEVICE=$dev timeout 560 python3 -m portconv.cli conform --fuzz 1000000 --seed 7 --backend $b \
       $DT --seconds ${FUZZ_SECONDS:-300} > "$R/fuzz-$b.txt" 2>&1 & pids+=($!)
   done
+fi
+if has pocl; then  # the host's PoCL (the GPU machine's is Debian PoCL 5.0, LLVM 16; CI's is 3.1)
+  PORTCONV_OPENCL_DEVICE=cpu timeout ${POCL_TIMEOUT:-540} python3 -m portconv.cli conform --backend opencl \
+    --dtype float32,float64 -q --json "$R/conformance-pocl.json" > "$R/conform-pocl.txt" 2>&1 & pids+=($!)
 fi
 if has tox; then  # the three device envs side by side (16 cores, one GPU)
   for e in ${TOX_ENVS:-cuda hip opencl}; do
