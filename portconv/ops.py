@@ -233,8 +233,7 @@ def _aten_plan(problem, backend: str) -> bool:
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     with unset_fake_temporarily():
-        plan = planner.select(problem, _request(backend))
-    return plan.aten_autograd or not plan.forced
+        return planner.select(problem, _request(backend)).compiled_as_aten
 
 
 def _static_specs(*tensors):

@@ -79,6 +79,12 @@ class Plan:
         gi, gw, gb = output_mask  # three flags, as aten::convolution_backward takes
         return self.runner.backward(grad_output, input, weight, (bool(gi), bool(gw), bool(gb)))
 
+    @property
+    def compiled_as_aten(self) -> bool:
+        """Inductor compiles this plan's calls as ATen's own convolution (Note [ATen's plans in compiled graphs]):
+        a plan ATen records, or any plan of an unforced call."""
+        return self.aten_autograd or not self.forced
+
     def kernel(self, result: str) -> KernelPlan | None:
         """The KernelPlan of one result ('output', 'grad_input', 'grad_weight', 'grad_bias'), if the plan has one."""
         return next((k for k in self.kernels if k.result == result), None)
@@ -94,7 +100,9 @@ class Plan:
                    ("versions", self.device.describe_versions())) if device else ()),
                 ("math", self.math),
                 ("autograd", "ATen records the forward's calls (their backward is the plan's gradients)"
-                 if self.aten_autograd else "portconv's autograd.Function runs the plan's gradients")]
+                 if self.aten_autograd else "portconv's autograd.Function runs the plan's gradients"),
+                ("compiled", "Inductor: aten.convolution and its backward, as PyTorch compiles them (static sizes)"
+                 if self.compiled_as_aten else "Inductor: the portconv ops run this plan (a forced backend)")]
         if self.options != knobs.DEFAULT_OPTIONS:
             rows.append(("options", self.options.describe()))
         for k in self.kernels:
