@@ -69,13 +69,15 @@ def torch_convnd(name: str, input, weight, bias, stride, padding, dilation, grou
 def autocast(input, weight, bias):
     """The operands as ATen's autocast wrapper for a lower-precision op passes them on (Note [eager and traced
     calls]); unchanged when autocast is off for the input's device type."""
-    torch = fastpath._torch
-    if not isinstance(input, torch.Tensor):
+    return cast(autocast_dtype(input), input, weight, bias)
+
+
+def cast(dtype, input, weight, bias):
+    """The operands cast to ``dtype`` (autocast_dtype()'s answer) as ATen's autocast wrapper casts them; unchanged
+    for None."""
+    if dtype is None:
         return input, weight, bias
-    device_type = input.device.type
-    if not torch.is_autocast_enabled(device_type):
-        return input, weight, bias
-    return _ops().autocast_args((input, weight, bias), device_type)
+    return _ops().autocast_args((input, weight, bias), input.device.type, dtype)
 
 
 def traced_convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups, backend):

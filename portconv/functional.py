@@ -126,19 +126,19 @@ def _convnd(rank: int, name: str, input, weight, bias, stride, padding, dilation
             transposed=False, output_padding=0, mode: int = 0):
     akey = None
     if mode == 0 and fastpath.special():  # Note [eager and traced calls]
-        cast = composite.autocast_dtype(input)
-        if cast is not None and not composite.traced(input) and composite.mode(input) == 1:
+        cast, traced = composite.autocast_dtype(input), composite.traced(input)
+        mode = 0 if traced else composite.mode(input)
+        if cast is not None and mode == 1:
             # Note [autocast and ATen's plans]: keyed by the operands as they come, before the cast
             akey = fastpath.key((name, cast), input, weight, bias, (stride, padding, dilation, groups, output_padding),
                                 backend)
             if fastpath.get(akey) is not None:
                 return composite.torch_convnd(name, input, weight, bias, stride, padding, dilation, groups,
                                               output_padding)
-        input, weight, bias = composite.autocast(input, weight, bias)  # before F.convNd's checks, as ATen's does
-        if composite.traced(input):
+        input, weight, bias = composite.cast(cast, input, weight, bias)  # before F.convNd's checks, as ATen's does
+        if traced:
             return composite.traced_convnd(rank, name, input, weight, bias, stride, padding, dilation, groups, backend,
                                            transposed, output_padding)
-        mode = composite.mode(input)
     key = fastpath.key(name, input, weight, bias, (stride, padding, dilation, groups, output_padding), backend)
     hit = fastpath.get(key)
     if hit is not None:  # Note [fast path]

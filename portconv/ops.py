@@ -228,45 +228,41 @@ def _convolution_backward_fake(grad_output, input, weight, bias_sizes, stride, p
 # (Note [custom ops]): only Inductor's table holds the decompositions, registered when a fake kernel first runs (the
 # first trace), before Inductor reads the table. Inductor's caches key the graph, not portconv's context: a graph
 # compiled (or cached on disk) under other PORTCONV_* knobs or options keeps its choice until compiled afresh.
-def _aten_plan(problem, backend: str) -> bool:
-    """Whether Inductor compiles this call as ATen's op (Note [ATen's plans in compiled graphs])."""
+def _as_aten(ispec, wspec, has_bias: bool, args: tuple, backend: str, backward: bool = False) -> bool:
+    """Whether Inductor compiles this op call as ATen's op (Note [ATen's plans in compiled graphs]): static specs
+    (None: a symbolic size) of a real, non-empty problem whose plan says so."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+    if ispec is None or wspec is None or ispec.dtype in ("complex64", "complex128") or type(args[-1]) is not int:
+        return False
+    params = ConvParams.make(wspec.dim - 2, *args, weight_shape=wspec.shape, backward=backward)
+    problem = _make_problem(ispec, wspec, has_bias, params)
+    if validate.is_empty_problem(problem):
+        return False
     with unset_fake_temporarily():
         return planner.select(problem, _request(backend)).compiled_as_aten
 
 
-def _static_specs(*tensors):
-    """The specs of fake operands, or None when a size or stride is symbolic."""
-    pairs = [_hint_spec(t) for t in tensors]
-    return None if any(sym for _, sym in pairs) else [s for s, _ in pairs]
+def _static_spec(t):
+    """The spec of a fake operand, or None when a size or stride is symbolic."""
+    spec, symbolic = _hint_spec(t)
+    return None if symbolic else spec
 
 
 def _convolution_as_aten(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups, backend):
-    specs = _static_specs(input, weight) if type(groups) is int else None
-    if specs is None or input.is_complex():
+    args = (stride, padding, dilation, transposed, output_padding, groups)
+    if not _as_aten(_static_spec(input), _static_spec(weight), bias is not None, args, backend):
         return NotImplemented
-    params = ConvParams.make(specs[1].dim - 2, stride, padding, dilation, transposed, output_padding, groups,
-                             weight_shape=specs[1].shape)
-    problem = _make_problem(specs[0], specs[1], bias is not None, params)
-    if validate.is_empty_problem(problem) or not _aten_plan(problem, backend):
-        return NotImplemented
-    return torch.ops.aten.convolution.default(input, weight, bias, stride, padding, dilation, transposed,
-                                              output_padding, groups)
+    return torch.ops.aten.convolution.default(input, weight, bias, *args)
 
 
 def _convolution_backward_as_aten(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
                                   output_padding, groups, output_mask, backend):
-    specs = _static_specs(grad_output, input, weight) if type(groups) is int else None
-    if specs is None or input.is_complex() or (bias_sizes is not None and any(type(s) is not int for s in bias_sizes)):
+    args = (stride, padding, dilation, transposed, output_padding, groups)
+    if (_static_spec(grad_output) is None or (bias_sizes is not None and any(type(s) is not int for s in bias_sizes))
+            or not _as_aten(_static_spec(input), _static_spec(weight), bias_sizes is not None, args, backend, True)):
         return NotImplemented
-    params = ConvParams.make(specs[2].dim - 2, stride, padding, dilation, transposed, output_padding, groups,
-                             weight_shape=specs[2].shape, backward=True)
-    problem = _make_problem(specs[1], specs[2], bias_sizes is not None, params)
-    if validate.is_empty_problem(problem) or not _aten_plan(problem, backend):
-        return NotImplemented
-    grads = torch.ops.aten.convolution_backward.default(grad_output, input, weight, bias_sizes, stride, padding,
-                                                         dilation, transposed, output_padding, groups, output_mask)
+    grads = torch.ops.aten.convolution_backward.default(grad_output, input, weight, bias_sizes, *args, output_mask)
     return tuple(g if m and g is not None else input.new_empty(0) for g, m in zip(grads, output_mask))
 
 
@@ -343,10 +339,10 @@ convolution_backward.register_autograd(_backward_backward, setup_context=_backwa
 
 
 # --- autocast: convolution is on autocast's lower-precision list ----------------------------------------------
-def autocast_args(tensors, device_type: str):
-    """ATen's cached_cast to the autocast dtype of ``device_type``: floating tensors on that device type, float64
-    excepted (at::autocast::is_eligible)."""
-    dtype = torch.get_autocast_dtype(device_type)
+def autocast_args(tensors, device_type: str, dtype=None):
+    """ATen's cached_cast to ``dtype`` (default: the autocast dtype of ``device_type``): floating tensors on that
+    device type, float64 excepted (at::autocast::is_eligible)."""
+    dtype = torch.get_autocast_dtype(device_type) if dtype is None else dtype
     return tuple(t.to(dtype) if t is not None and t.is_floating_point() and t.device.type == device_type
                  and t.dtype not in (torch.float64, dtype) else t for t in tensors)
 

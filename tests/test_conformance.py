@@ -48,7 +48,7 @@ def test_case(conf_backend, conf_dtype, conf_case):
     if r.status == "fail" and conf_backend in ("cudnn", "miopen"):
         # a vendor library's own accuracy: PyTorch's default call (the aten backend) fails the problem too, in the
         # case's layout or in channels-last (the layout in which ATen sends a depthwise problem to the library)
-        for case in (conf_case, dataclasses.replace(conf_case, layout="chlast")):
+        for case in {conf_case.layout: conf_case, "chlast": dataclasses.replace(conf_case, layout="chlast")}.values():
             own = run_case(case, "aten", conf_dtype)
             if own.status == "fail":
                 pytest.xfail(f"{conf_backend} fails as PyTorch's own call ({case.layout}) does: the library's "

@@ -21,18 +21,11 @@ import portconv
 from portconv.bench import models
 
 
-def step_fn(model, x, y, dtype):
+def step_fn(model, x, y, spec, dtype):
+    """models.make_step's training step (the bench's), on one batch, as a call without arguments."""
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    F = torch.nn.functional
-
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
-            out = model(x)
-            loss = F.mse_loss(out, x) if y is None else F.cross_entropy(out, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return step
+    step = models.make_step(model, opt, [(x, x if y is None else y)], spec, dtype, x.device, [])
+    return lambda: step(None)
 
 
 def profiled(step, n=3):
@@ -93,7 +86,7 @@ def profile_cell(cell: str):
     if mode == ["compile"]:  # torch.compile of each side's model (the loss and the optimizer stay eager)
         torch._dynamo.reset()
         sides = {side: torch.compile(m) for side, m in sides.items()}
-    steps = {side: step_fn(m, x, y, dtype) for side, m in sides.items()}
+    steps = {side: step_fn(m, x, y, spec, dtype) for side, m in sides.items()}
     res = {side: profiled(fn) for side, fn in steps.items()}
     print(f"\n== {cell}")
     if not mode:  # (hooks on a compiled model's modules would recompile it)
