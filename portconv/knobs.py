@@ -236,3 +236,10 @@ def child_environ(cache_dir: str | None = None, **other: str) -> dict[str, str]:
 def raw() -> dict[str, str | None]:
     """Every knob's raw environment value (None when unset), for reports."""
     return {k.name: os.environ.get(k.name) for k in KNOBS}
+
+
+def default_foreign(name: str, value: str) -> str:
+    """Set another library's environment variable for this process unless it is set already (the user's value
+    wins); returns the value in force. The one place portconv writes the environment (Note [PoCL work-group
+    method], portconv/backends/opencl/runtime.py)."""
+    return os.environ.setdefault(name, value)

@@ -26,6 +26,7 @@ from opencl_cases import (
 )
 
 import portconv
+from portconv import knobs
 from portconv.backends import get
 from portconv.backends.opencl import runtime as rt
 from portconv.backends.program import Buffer, KernelPlan, Program
@@ -328,6 +329,24 @@ def test_a_device_whose_compiler_fails_is_passed_over_with_the_reason(monkeypatc
 
 def test_the_compiler_probe_passes_on_the_chosen_device():
     assert rt.compiler_problem(_device()) is None
+
+
+@pytest.mark.parametrize("version,cpu,want", [
+    ("OpenCL 3.0 PoCL 5.0+debian  Linux, None+Asserts, RELOC, SPIR, LLVM 16.0.6", True, "cbs"),
+    ("OpenCL 3.0 PoCL 6.1  Linux, Release", True, "cbs"),
+    ("OpenCL 3.0 PoCL 3.1+debian  Linux, None+Asserts, RELOC, SPIR, LLVM 15.0.6", True, None),  # CI's: default
+    ("OpenCL 3.0 PoCL 5.0  Linux, CUDA", False, None),  # PoCL's GPU drivers: not its CPU work-group functions
+    ("OpenCL 3.0 CUDA 13.0.98", False, None),
+])
+def test_pocl_work_group_method_rule(version, cpu, want):
+    assert rt.pocl_work_group_method(version, cpu) == want  # Note [PoCL work-group method]
+
+
+def test_a_users_pocl_work_group_method_is_kept(monkeypatch):
+    monkeypatch.setenv("POCL_WORK_GROUP_METHOD", "loopvec")
+    assert knobs.default_foreign("POCL_WORK_GROUP_METHOD", "cbs") == "loopvec"
+    monkeypatch.delenv("POCL_WORK_GROUP_METHOD")
+    assert knobs.default_foreign("POCL_WORK_GROUP_METHOD", "cbs") == "cbs"  # monkeypatch restores the absence
 
 
 def test_device_selection_and_listing(knob_env):

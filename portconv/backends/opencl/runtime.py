@@ -191,12 +191,35 @@ def build_options(module: Module) -> list[str]:
                                                                    for k, v in module.defines]
 
 
+# Note [PoCL work-group method]
+# PoCL turns a kernel into a work-group function by one of several methods (POCL_WORK_GROUP_METHOD, read when it
+# generates that function). On Debian's PoCL 5.0 (LLVM 16, AVX-512 Xeon) the default and 'loopvec' methods return
+# wrong implicit-GEMM weight gradients (loopvec: 109 of the 2048 conformance runs, float32 and float64; the default:
+# test_nn's grouped ConvTranspose2d case), while 'cbs' (continuation-based barriers) passed all 2048; PoCL 3.0 and
+# 3.1 pass with their default. So on PoCL >= 5 CPU devices portconv sets POCL_WORK_GROUP_METHOD=cbs for the process
+# before its first program there, unless the variable is already set (a user's choice is kept).
+POCL_WG_METHOD = "cbs"
+
+
+def pocl_work_group_method(platform_version: str, is_cpu: bool) -> str | None:
+    """The work-group method portconv asks PoCL for on this device, or None (leave PoCL's default): pure."""
+    m = re.search(r"\bPoCL (\d+)\.", platform_version)
+    return POCL_WG_METHOD if is_cpu and m is not None and int(m.group(1)) >= 5 else None
+
+
+def _set_pocl_method(device) -> None:
+    want = pocl_work_group_method(device.platform.version, bool(device.type & cl().device_type.CPU))
+    if want is not None:
+        knobs.default_foreign("POCL_WORK_GROUP_METHOD", want)
+
+
 class Runtime:
     """One OpenCL context on one device: its queue, its programs (compiled once), buffer pool and dummy buffer."""
 
     def __init__(self, context, device):
         mod = cl()
         FORK.use("opencl backend")
+        _set_pocl_method(device)
         self.cl = mod
         self.ctx = context
         self.device = device
