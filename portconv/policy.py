@@ -50,15 +50,61 @@ def _large_dense_depthwise_3tap(problem: Problem) -> bool:
             and set(p.dilation) == {1} and math.prod(problem.output_shape) >= OWN_DEPTHWISE_MIN_OUTPUTS[p.rank])
 
 
+def _depthwise_plain(problem: Problem, rank: int, fmt: str) -> bool:
+    """Depthwise, not transposed, of this rank, stride and dilation 1, dense in ``fmt``, with at least
+    OWN_DEPTHWISE_MIN_OUTPUTS[rank] output elements."""
+    p, x = problem.params, problem.input
+    return (problem.is_depthwise and not p.transposed and p.rank == rank and set(p.stride) == {1}
+            and set(p.dilation) == {1} and x.is_contiguous(fmt) and (fmt != "contiguous" or x.memory_format == fmt)
+            and math.prod(problem.output_shape) >= OWN_DEPTHWISE_MIN_OUTPUTS[rank])
+
+
+def _kernel(problem: Problem) -> tuple[int, ...]:
+    return tuple(problem.weight.shape[2:])
+
+
+def _channels_last_3d_cube(problem: Problem) -> bool:
+    return _depthwise_plain(problem, 3, "channels_last_3d") and _kernel(problem) in ((3, 3, 3), (5, 5, 5))
+
+
+def _ncdhw_5tap(problem: Problem) -> bool:
+    return _depthwise_plain(problem, 3, "contiguous") and _kernel(problem) == (5, 5, 5)
+
+
+def _small_plane_large_kernel(problem: Problem) -> bool:
+    """NCHW 2-D with in-plane input <= 8x8 and a kernel >= 7 on both axes (ConvNeXt's last stage, RepLKNet's 13x13
+    on 7x7 planes): ATen's weight gradient (CudaDepthwise2d) is slowest there."""
+    return (_depthwise_plain(problem, 2, "contiguous") and all(k >= 7 for k in _kernel(problem))
+            and all(s <= 8 for s in problem.input.shape[2:]))
+
+
+def _channels_last_large_kernel(problem: Problem) -> bool:
+    return _depthwise_plain(problem, 2, "channels_last") and all(k >= 13 for k in _kernel(problem))
+
+
 # Note [own kernel wins]
 # portconv's own kernels replace ATen's choice only for a problem class measured faster per call (forward + both
-# gradients, host time included, same process as PyTorch). Smaller depthwise problems are host-bound: under 1M
-# outputs (mbv2-dw3x3-b1) the own plan measured 0.81x-1.32x per call, so 2-D starts at 1M; 3-D keeps 2M, the
-# smallest 3-D size measured. Channels-last stays with cuDNN's NHWC kernels (the own ones measured 0.91x-1.06x).
+# gradients, same process as PyTorch, against the faster of PyTorch's default and cudnn.benchmark). Smaller
+# depthwise problems are host-bound: under 1M outputs (mbv2-dw3x3-b1) the own plan measured 0.81x-1.32x per call,
+# so 2-D starts at 1M; 3-D keeps 2M, the smallest 3-D size measured. Each row's evidence is the sum of the three
+# directions' device times on the suite rows it names (docs/performance/h100/depthwise.md); the classes that
+# measured slower stay with ATen (5x5 and 7x7 on larger planes, 31x31 NCHW, channels-last 2-D 3x3 to 7x7).
 OWN_KERNEL_WINS: tuple[OwnKernelWin, ...] = (
     OwnKernelWin(BackendId.CUDA, ("CudaDepthwise2d", "CudaDepthwise3d"), _large_dense_depthwise_3tap,
                  "depthwise 3x3 (>= 1M outputs) / 3x3x3 (>= 2M), stride 1 (or 2 in 2-D), NCHW",
                  "1.15x-3.9x PyTorch per call on an H100 (docs/kernels/depthwise.md)"),
+    OwnKernelWin(BackendId.CUDA, ("Cudnn",), _channels_last_3d_cube,
+                 "depthwise 3x3x3 or 5x5x5, stride 1, channels-last 3-D (>= 2M outputs)",
+                 "2.1x-82x PyTorch (cuDNN) on an H100, x3d-dw3x3x3-cl, x3d-dw5x5x5-cl (float32, bfloat16)"),
+    OwnKernelWin(BackendId.CUDA, ("CudaDepthwise3d",), _ncdhw_5tap,
+                 "depthwise 5x5x5, stride 1, NCDHW (>= 2M outputs)",
+                 "1.55x-1.62x PyTorch on an H100, x3d-dw5x5x5 and -bf16"),
+    OwnKernelWin(BackendId.CUDA, ("CudaDepthwise2d",), _small_plane_large_kernel,
+                 "depthwise kernel >= 7x7 on planes <= 8x8, stride 1, NCHW (>= 1M outputs)",
+                 "1.40x-1.60x PyTorch on an H100, convnext-dw7x7-st4 and replk-dw13x13 (float32, bfloat16)"),
+    OwnKernelWin(BackendId.CUDA, ("Cudnn",), _channels_last_large_kernel,
+                 "depthwise kernel >= 13x13, stride 1, channels-last (>= 1M outputs)",
+                 "1.20x-3.30x PyTorch (cuDNN) on an H100, replk-dw13x13-cl and replk-dw31x31-cl (float32, bfloat16)"),
 )
 
 # Where forcing the vendor library measured slower than ATen's own native kernel (the old default did that).

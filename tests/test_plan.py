@@ -81,6 +81,33 @@ def test_other_depthwise_goes_to_aten_with_evidence(case):
     assert bid == BackendId.ATEN and "CudaDepthwise2d" in why and NATIVE_EVIDENCE["CudaDepthwise2d"] in why
 
 
+@pytest.mark.parametrize("case,aten", [  # the suite rows of each OWN_KERNEL_WINS class measured on an H100
+    (dict(ishape=(8, 54, 16, 56, 56), wshape=(54, 1, 3, 3, 3), padding=1, groups=54, fmt="channels_last"), "Cudnn"),
+    (dict(ishape=(8, 54, 16, 56, 56), wshape=(54, 1, 5, 5, 5), padding=2, groups=54, fmt="channels_last"), "Cudnn"),
+    (dict(ishape=(8, 54, 16, 56, 56), wshape=(54, 1, 5, 5, 5), padding=2, groups=54), "CudaDepthwise3d"),
+    (dict(ishape=(64, 768, 7, 7), wshape=(768, 1, 7, 7), padding=3, groups=768), "CudaDepthwise2d"),
+    (dict(ishape=(32, 1024, 7, 7), wshape=(1024, 1, 13, 13), padding=6, groups=1024), "CudaDepthwise2d"),
+    (dict(ishape=(32, 1024, 7, 7), wshape=(1024, 1, 13, 13), padding=6, groups=1024, fmt="channels_last"), "Cudnn"),
+    (dict(ishape=(32, 128, 56, 56), wshape=(128, 1, 31, 31), padding=15, groups=128, fmt="channels_last"), "Cudnn"),
+])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_measured_depthwise_families_go_to_portconvs_kernels(case, aten, dtype):
+    bid, why, _, prefer = _first(_problem(dtype=dtype, **case))
+    assert bid == BackendId.CUDA and "OWN_KERNEL_WINS" in why and f"ATen would run {aten}" in why
+    assert prefer[1][0] == BackendId.ATEN
+
+
+@pytest.mark.parametrize("case", [  # neighbours of those classes that measured slower (or were not measured)
+    dict(ishape=(64, 384, 14, 14), wshape=(384, 1, 7, 7), padding=3, groups=384),  # convnext-dw7x7-st3: 1.03x
+    dict(ishape=(32, 128, 56, 56), wshape=(128, 1, 31, 31), padding=15, groups=128),  # replk-dw31x31 NCHW: 0.86x
+    dict(ishape=(64, 96, 56, 56), wshape=(96, 1, 7, 7), padding=3, groups=96, fmt="channels_last"),  # st1-cl
+    dict(ishape=(8, 54, 16, 56, 56), wshape=(54, 1, 3, 3, 3), padding=1, stride=2, groups=54, fmt="channels_last"),
+    dict(ishape=(1, 1024, 7, 7), wshape=(1024, 1, 13, 13), padding=6, groups=1024),  # 50K outputs: host-bound
+])
+def test_depthwise_families_that_lose_stay_with_aten(case):
+    assert _first(_problem(dtype="float32", **case))[0] == BackendId.ATEN
+
+
 def test_depthwise_that_aten_sends_to_cudnn_goes_to_cudnn_through_aten():
     # float16 contiguous, stride 1, >= 32 channels: ATen's fp16 depthwise heuristic; channels-last: always cuDNN
     half = _problem((32, 144, 56, 56), (144, 1, 3, 3), "float16", padding=1, groups=144)
