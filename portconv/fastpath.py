@@ -24,7 +24,16 @@ _entries: collections.OrderedDict[tuple, tuple] = collections.OrderedDict()
 _torch = None  # the torch module once it is imported (portconv never imports it for pyopencl/cupy arrays)
 _tensor_types: tuple = ()
 _strided = None
-_clear_hooks.append(_entries.clear)
+generation = 0  # bumped whenever the entries are cleared: module memos (Note [module memo]) older than it are stale
+
+
+def _clear() -> None:
+    global generation
+    _entries.clear()
+    generation += 1
+
+
+_clear_hooks.append(_clear)
 _on_torch: list[Callable[[], None]] = []  # run once torch is bound: functional's registers the custom ops (ops.py)
 # The custom ops' ConvParams entry points (ops.forward, ops.backward), registered by ops.py when it is imported (it is
 # as soon as torch is bound: functional's _on_torch hook): where autograd.py, below ops.py, sends the calls the
@@ -44,11 +53,18 @@ def _arg(v):
 
 
 def _key_args(args: tuple) -> tuple:
-    """The call's arguments as part of a key: as they are when all are ints, else through _arg (TypeError: not
-    cacheable)."""
+    """The call's arguments as part of a key: as they are when each is an int or a tuple of ints (torch.nn's
+    modules pass tuples), else through _arg (TypeError: not cacheable)."""
     for v in args:
-        if type(v) is not int:
-            return tuple(_arg(v) for v in args)
+        t = type(v)
+        if t is int:
+            continue
+        if t is tuple:
+            for e in v:
+                if type(e) is not int:
+                    return tuple(_arg(v) for v in args)
+            continue
+        return tuple(_arg(v) for v in args)
     return args
 
 

@@ -5,7 +5,7 @@ from collections.abc import Sequence
 
 from . import composite, fastpath, validate
 from .params import ConvParams
-from .planner import Plan, backward_problem, make_problem, params_of, prepare, select
+from .planner import Plan, backward_problem, call_state, make_problem, params_of, prepare, select
 from .tensors import spec_of
 
 
@@ -122,8 +122,64 @@ def _backward(p: Plan, mask: tuple, grad_output, input, weight, mode: int):
     return p.backward(grad_output, input, weight, mask)
 
 
+# Note [module memo]
+# A converted module keeps its last call's fast-path entry (Note [fast path]) with the key it was found under and the
+# argument objects it was called with. A call that is not special (no tracer, autocast, transform or forward-AD level)
+# whose tensors match that key field by field (type, shape, strides, dtype, device of the input, weight and bias),
+# with the same argument objects, backend, call state and fast-path generation, runs that entry directly: the same
+# plan the key would find, without building, hashing and looking up the key (a converted MobileNetV2's convolutions
+# spent about half of portconv's host time there on an H100 host). Anything else takes _convnd, which renews the memo.
+# Copies and pickles of the module carry no memo.
+class _Memo:
+    __slots__ = ("key", "args", "entry", "generation", "aten")
+
+    def __init__(self, key, args, entry):
+        self.key, self.args, self.entry, self.generation = key, args, entry, fastpath.generation
+        p, _, batched = entry  # a runner's direct call (torch.convolution and its arguments), where it has one
+        self.aten = getattr(p.runner, "direct", None) if p is not None and batched else None
+
+    def __reduce__(self):
+        return _no_memo, ()
+
+    def __deepcopy__(self, memo):
+        return None
+
+
+def _no_memo():
+    return None
+
+
+def module_convnd(module, rank: int, name: str, input, weight, bias, stride, padding, dilation, groups, backend,
+                  transposed=False, output_padding=0):
+    """A converted module's call: _convnd, or the module's memo where it holds (Note [module memo])."""
+    m = module.__dict__.get("_pc_memo")
+    if m is not None and m.generation == fastpath.generation and not fastpath.special():
+        k, a = m.key, m.args
+        if (type(input) is k[1] and a[0] is stride and a[1] is padding and a[2] is dilation and a[3] is groups
+                and a[4] is output_padding and backend is k[13] and type(weight) is k[6]):
+            dev = input.device
+            if (input.shape == k[2] and input.stride() == k[3] and input.dtype is k[4] and dev == k[5]
+                    and weight.shape == k[7] and weight.stride() == k[8] and weight.dtype is k[9]
+                    and weight.device == k[10] and (k[11] is None if bias is None else (
+                        type(bias), bias.shape, bias.stride(), bias.dtype, bias.device) == k[11])
+                    and call_state(dev.type) == k[14]):
+                if m.aten is not None:
+                    return m.aten[0](input, weight, bias, *m.aten[1])
+                p, params, batched = m.entry
+                if batched:
+                    return _execute(p, input, weight, bias, params)
+                return _execute(p, input[None], weight, bias, params)[0]
+    return _convnd(rank, name, input, weight, bias, stride, padding, dilation, groups, backend, transposed,
+                   output_padding, memo_owner=module)
+
+
+def _remember(owner, key, args: tuple, entry: tuple) -> None:
+    if key is not None and isinstance(key[1], type):  # a torch-tensor key (arrays have keys of their own shape)
+        owner.__dict__["_pc_memo"] = _Memo(key, args, entry)
+
+
 def _convnd(rank: int, name: str, input, weight, bias, stride, padding, dilation, groups, backend,
-            transposed=False, output_padding=0, mode: int = 0):
+            transposed=False, output_padding=0, mode: int = 0, memo_owner=None):
     akey = None
     if mode == 0 and fastpath.special():  # Note [eager and traced calls]
         cast, traced = composite.autocast_dtype(input), composite.traced(input)
@@ -144,6 +200,8 @@ def _convnd(rank: int, name: str, input, weight, bias, stride, padding, dilation
     if hit is not None:  # Note [fast path]
         if akey is not None and hit[0] is not None and hit[0].aten_autograd:
             fastpath.put(akey, (True,))
+        if mode == 0 and memo_owner is not None:
+            _remember(memo_owner, key, (stride, padding, dilation, groups, output_padding), hit)
         if hit[2]:
             return _execute(hit[0], input, weight, bias, hit[1], mode)
         return _execute(hit[0], input[None], weight, bias, hit[1], mode)[0]
@@ -163,6 +221,8 @@ def _convnd(rank: int, name: str, input, weight, bias, stride, padding, dilation
                              weight_shape=spec_of(weight).shape, input_shape=spec_of(input).shape)
     p = prepare(input, weight, bias, params, backend, None if key is None else key[-1])
     fastpath.put(key, (p, params, is_batched))
+    if mode == 0 and memo_owner is not None:
+        _remember(memo_owner, key, (stride, padding, dilation, groups, output_padding), (p, params, is_batched))
     if akey is not None and p is not None and p.aten_autograd:
         fastpath.put(akey, (True,))
     out = _execute(p, input, weight, bias, params, mode)

@@ -26,34 +26,33 @@ class _PortconvMixin:
 
 
 class _ConvNd(_PortconvMixin):
-    _fn = None
-
-    def _padded(self, input):
-        if self.padding_mode == "zeros":
-            return input, self.padding
-        pad = self._reversed_padding_repeated_twice
-        return torch.nn.functional.pad(input, pad, mode=self.padding_mode), 0
+    _rank = 0
+    _name = ""  # the torch.nn.functional name: conv1d, conv2d, conv3d
 
     def _conv_forward(self, input, weight, bias):
-        x, padding = self._padded(input)
-        return type(self)._fn(x, weight, bias, self.stride, padding, self.dilation, self.groups, backend=self.backend)
+        padding = self.padding
+        if self.padding_mode != "zeros":
+            input = torch.nn.functional.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
+            padding = 0
+        return F.module_convnd(self, self._rank, self._name, input, weight, bias, self.stride, padding, self.dilation,
+                               self.groups, self.backend)
 
 
 class _ConvTransposeNd(_PortconvMixin):
-    _fn = None
     _rank = 0
+    _name = ""  # conv_transpose1d, conv_transpose2d, conv_transpose3d
 
     def forward(self, input, output_size=None):
         if self.padding_mode != "zeros":
             raise ValueError(f"Only 'zeros' padding mode is supported for {type(self).__name__}")
         output_padding = self._output_padding(input, output_size, self.stride, self.padding, self.kernel_size,
                                               self._rank, self.dilation)
-        return type(self)._fn(input, self.weight, self.bias, self.stride, self.padding, output_padding, self.groups,
-                              self.dilation, backend=self.backend)
+        return F.module_convnd(self, self._rank, self._name, input, self.weight, self.bias, self.stride,
+                               self.padding, self.dilation, self.groups, self.backend, True, output_padding)
 
 
 class Conv1d(_ConvNd, torch.nn.Conv1d):
-    _fn = staticmethod(F.conv1d)
+    _rank, _name = 1, "conv1d"
     _torch_class = torch.nn.Conv1d
 
     def __init__(self, *args, backend: str | None = None, **kwargs):
@@ -62,7 +61,7 @@ class Conv1d(_ConvNd, torch.nn.Conv1d):
 
 
 class Conv2d(_ConvNd, torch.nn.Conv2d):
-    _fn = staticmethod(F.conv2d)
+    _rank, _name = 2, "conv2d"
     _torch_class = torch.nn.Conv2d
 
     def __init__(self, *args, backend: str | None = None, **kwargs):
@@ -71,7 +70,7 @@ class Conv2d(_ConvNd, torch.nn.Conv2d):
 
 
 class Conv3d(_ConvNd, torch.nn.Conv3d):
-    _fn = staticmethod(F.conv3d)
+    _rank, _name = 3, "conv3d"
     _torch_class = torch.nn.Conv3d
 
     def __init__(self, *args, backend: str | None = None, **kwargs):
@@ -80,8 +79,7 @@ class Conv3d(_ConvNd, torch.nn.Conv3d):
 
 
 class ConvTranspose1d(_ConvTransposeNd, torch.nn.ConvTranspose1d):
-    _fn = staticmethod(F.conv_transpose1d)
-    _rank = 1
+    _rank, _name = 1, "conv_transpose1d"
     _torch_class = torch.nn.ConvTranspose1d
 
     def __init__(self, *args, backend: str | None = None, **kwargs):
@@ -90,8 +88,7 @@ class ConvTranspose1d(_ConvTransposeNd, torch.nn.ConvTranspose1d):
 
 
 class ConvTranspose2d(_ConvTransposeNd, torch.nn.ConvTranspose2d):
-    _fn = staticmethod(F.conv_transpose2d)
-    _rank = 2
+    _rank, _name = 2, "conv_transpose2d"
     _torch_class = torch.nn.ConvTranspose2d
 
     def __init__(self, *args, backend: str | None = None, **kwargs):
@@ -100,8 +97,7 @@ class ConvTranspose2d(_ConvTransposeNd, torch.nn.ConvTranspose2d):
 
 
 class ConvTranspose3d(_ConvTransposeNd, torch.nn.ConvTranspose3d):
-    _fn = staticmethod(F.conv_transpose3d)
-    _rank = 3
+    _rank, _name = 3, "conv_transpose3d"
     _torch_class = torch.nn.ConvTranspose3d
 
     def __init__(self, *args, backend: str | None = None, **kwargs):

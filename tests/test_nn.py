@@ -156,3 +156,68 @@ def test_convert_parametrized_and_lazy_modules():
     parametrize.remove_parametrizations(ours[0], "weight")
     assert type(ours[0]) is pnn.Conv2d
     torch.testing.assert_close(ours[0](x), conv(x), rtol=1e-10, atol=1e-10)
+
+
+def _convnd_calls(monkeypatch):
+    """Counts the calls that take functional._convnd (the fast-path key) instead of a module's memo."""
+    from portconv import functional
+
+    calls, inner = [], functional._convnd
+    monkeypatch.setattr(functional, "_convnd", lambda *a, **k: calls.append(1) or inner(*a, **k))
+    return calls
+
+
+def test_module_memo_runs_the_same_plan_and_notices_every_change(monkeypatch):
+    """Note [module memo]: a repeated call skips the key; any change the key would see takes the full path."""
+    import portconv
+    from portconv import planner
+
+    torch.manual_seed(0)
+    ref = torch.nn.Conv2d(4, 4, 3, padding=1, groups=4)
+    mod = portconv.convert(copy.deepcopy(ref))
+    x = torch.randn(2, 4, 6, 6)
+    calls = _convnd_calls(monkeypatch)
+    mod(x)
+    assert len(calls) == 1 and mod.__dict__["_pc_memo"] is not None
+    for _ in range(3):
+        torch.testing.assert_close(mod(x), ref(x), rtol=0, atol=0)
+    assert len(calls) == 1  # the memo ran them
+    changes = [
+        lambda: mod(torch.randn(3, 4, 6, 6)),  # shape
+        lambda: mod(x.to(memory_format=torch.channels_last)),  # strides
+        lambda: mod.double()(x.double()),  # dtypes (the parameters' too)
+    ]
+    for i, change in enumerate(changes, start=2):
+        change()
+        assert len(calls) == i
+    mod.float()
+    n = len(calls)
+    mod(x)
+    assert len(calls) == n + 1  # the weight's dtype changed back: a new key
+    with portconv.use_backend("aten"):  # the call state
+        mod(x)
+    assert len(calls) == n + 2
+    mod.stride = (1, 1)  # a new argument object
+    mod(x)
+    assert len(calls) == n + 3
+    planner.clear_cache()  # dropped plans: the memo is stale too
+    mod(x)
+    assert len(calls) == n + 4
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # special calls never use it
+        mod(x)
+        mod(x)
+    assert len(calls) == n + 6
+    mod(x)
+    assert len(calls) == n + 6
+
+
+def test_module_memo_is_not_copied_or_pickled():
+    import portconv
+
+    mod = portconv.convert(torch.nn.Conv1d(2, 3, 3))
+    x = torch.randn(1, 2, 7)
+    mod(x)
+    assert mod.__dict__["_pc_memo"] is not None
+    for other in (copy.deepcopy(mod), pickle.loads(pickle.dumps(mod))):
+        assert other.__dict__.get("_pc_memo") is None
+        torch.testing.assert_close(other(x), mod(x))

@@ -226,15 +226,30 @@ def _probe_miopen_nhwc_default(torch, ctx: TorchContext) -> bool:
 def torch_flags(device_type: str) -> tuple:
     """The torch flags that decide ATen's route (and portconv's checks) for tensors on ``device_type``, read in about
     a microsecond (part of every plan's cache key: Note [plan cache]); () before torch is imported."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return ()
+    read = _flag_readers.get(device_type)
+    if read is None:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return ()
+        read = _flag_readers[device_type] = _flag_reader(torch, device_type)
+    return read()
+
+
+_flag_readers: dict = {}
+
+
+def _flag_reader(torch, device_type: str):
+    """torch_flags' reader for one device type, its getters bound once (this runs on every call's fast path)."""
     c = torch._C
-    if device_type == "cuda":
-        get = getattr(c, "_get_fp32_precision_getter", None)
-        tf32 = ((get("cuda", "conv"), get("cuda", "all"), get("generic", "all")) if get is not None
-                else c._get_cudnn_allow_tf32())
-        kernel = getattr(c, "_get_cudnn_depthwise_kernel", None)
-        return (c._get_cudnn_enabled(), c._get_cudnn_deterministic(), c._get_cudnn_benchmark(),
-                c._get_deterministic_algorithms(), tf32, kernel() if kernel is not None else "auto")
-    return c._get_mkldnn_enabled(), c._get_nnpack_enabled(), torch.get_num_threads()
+    if device_type != "cuda":
+        mkldnn, nnpack, threads = c._get_mkldnn_enabled, c._get_nnpack_enabled, torch.get_num_threads
+        return lambda: (mkldnn(), nnpack(), threads())
+    enabled, determ, bench = c._get_cudnn_enabled, c._get_cudnn_deterministic, c._get_cudnn_benchmark
+    algos = c._get_deterministic_algorithms
+    kernel = getattr(c, "_get_cudnn_depthwise_kernel", None) or (lambda: "auto")
+    get = getattr(c, "_get_fp32_precision_getter", None)
+    if get is None:
+        allow = c._get_cudnn_allow_tf32
+        return lambda: (enabled(), determ(), bench(), algos(), allow(), kernel())
+    return lambda: (enabled(), determ(), bench(), algos(), (get("cuda", "conv"), get("cuda", "all"),
+                                                              get("generic", "all")), kernel())
