@@ -110,6 +110,17 @@ def special() -> bool:
                 or c._len_torch_dispatch_stack() or torch.autograd.forward_ad._current_level >= 0)
 
 
+def autocast_only(device_type: str, dtype) -> bool:
+    """Autocast is on for ``device_type`` with ``dtype``, and nothing else special() tests is active."""
+    torch = _torch
+    if torch.compiler.is_compiling():
+        return False
+    c = torch._C
+    return not (c._are_functorch_transforms_active() or c._len_torch_dispatch_stack()
+                or torch.autograd.forward_ad._current_level >= 0) and torch.is_autocast_enabled(
+        device_type) and torch.get_autocast_dtype(device_type) == dtype
+
+
 def foreign(*tensors) -> bool:
     """Some operand is a tensor the runners cannot read: a Python-dispatch subclass or a legacy-vmap tensor."""
     torch = _torch

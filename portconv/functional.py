@@ -128,14 +128,16 @@ def _backward(p: Plan, mask: tuple, grad_output, input, weight, mode: int):
 # whose tensors match that key field by field (type, shape, strides, dtype, device of the input, weight and bias),
 # with the same argument objects, backend, call state and fast-path generation, runs that entry directly: the same
 # plan the key would find, without building, hashing and looking up the key (a converted MobileNetV2's convolutions
-# spent about half of portconv's host time there on an H100 host). Anything else takes _convnd, which renews the memo.
-# Copies and pickles of the module carry no memo.
+# spent about half of portconv's host time there on an H100 host). Under autocast and nothing else special, a module
+# whose call was found planned as ATen's (Note [autocast and ATen's plans]: that key, with the autocast dtype) keeps
+# that finding instead, and a matching call with the same autocast dtype is PyTorch's own F.convNd. Anything else
+# takes _convnd, which renews the memo. Copies and pickles of the module carry no memo.
 class _Memo:
-    __slots__ = ("key", "args", "entry", "generation", "aten")
+    __slots__ = ("key", "args", "entry", "generation", "aten", "cast")
 
-    def __init__(self, key, args, entry):
-        self.key, self.args, self.entry, self.generation = key, args, entry, fastpath.generation
-        p, _, batched = entry  # a runner's direct call (torch.convolution and its arguments), where it has one
+    def __init__(self, key, args, entry, cast=None):
+        self.key, self.args, self.entry, self.generation, self.cast = key, args, entry, fastpath.generation, cast
+        p, _, batched = entry or (None, None, False)  # a runner's direct call (torch.convolution, its arguments)
         self.aten = getattr(p.runner, "direct", None) if p is not None and batched else None
 
     def __reduce__(self):
@@ -153,7 +155,7 @@ def module_convnd(module, rank: int, name: str, input, weight, bias, stride, pad
                   transposed=False, output_padding=0):
     """A converted module's call: _convnd, or the module's memo where it holds (Note [module memo])."""
     m = module.__dict__.get("_pc_memo")
-    if m is not None and m.generation == fastpath.generation and not fastpath.special():
+    if m is not None and m.generation == fastpath.generation and (m.cast is not None or not fastpath.special()):
         k, a = m.key, m.args
         if (type(input) is k[1] and a[0] is stride and a[1] is padding and a[2] is dilation and a[3] is groups
                 and a[4] is output_padding and backend is k[13] and type(weight) is k[6]):
@@ -162,7 +164,11 @@ def module_convnd(module, rank: int, name: str, input, weight, bias, stride, pad
                     and weight.shape == k[7] and weight.stride() == k[8] and weight.dtype is k[9]
                     and weight.device == k[10] and (k[11] is None if bias is None else (
                         type(bias), bias.shape, bias.stride(), bias.dtype, bias.device) == k[11])
-                    and call_state(dev.type) == k[14]):
+                    and call_state(dev.type) == k[14]
+                    and (m.cast is None or fastpath.autocast_only(dev.type, m.cast))):
+                if m.cast is not None:  # Note [autocast and ATen's plans]: PyTorch's call on the uncast operands
+                    return composite.torch_convnd(name, input, weight, bias, stride, padding, dilation, groups,
+                                                  output_padding)
                 if m.aten is not None:
                     return m.aten[0](input, weight, bias, *m.aten[1])
                 p, params, batched = m.entry
@@ -173,9 +179,9 @@ def module_convnd(module, rank: int, name: str, input, weight, bias, stride, pad
                    output_padding, memo_owner=module)
 
 
-def _remember(owner, key, args: tuple, entry: tuple) -> None:
+def _remember(owner, key, args: tuple, entry: tuple | None, cast=None) -> None:
     if key is not None and isinstance(key[1], type):  # a torch-tensor key (arrays have keys of their own shape)
-        owner.__dict__["_pc_memo"] = _Memo(key, args, entry)
+        owner.__dict__["_pc_memo"] = _Memo(key, args, entry, cast)
 
 
 def _convnd(rank: int, name: str, input, weight, bias, stride, padding, dilation, groups, backend,
@@ -189,6 +195,8 @@ def _convnd(rank: int, name: str, input, weight, bias, stride, padding, dilation
             akey = fastpath.key((name, cast), input, weight, bias, (stride, padding, dilation, groups, output_padding),
                                 backend)
             if fastpath.get(akey) is not None:
+                if memo_owner is not None:
+                    _remember(memo_owner, akey, (stride, padding, dilation, groups, output_padding), None, cast)
                 return composite.torch_convnd(name, input, weight, bias, stride, padding, dilation, groups,
                                               output_padding)
         input, weight, bias = composite.cast(cast, input, weight, bias)  # before F.convNd's checks, as ATen's does

@@ -203,12 +203,19 @@ def test_module_memo_runs_the_same_plan_and_notices_every_change(monkeypatch):
     planner.clear_cache()  # dropped plans: the memo is stale too
     mod(x)
     assert len(calls) == n + 4
-    with torch.autocast("cpu", dtype=torch.bfloat16):  # special calls never use it
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # ATen's plan under autocast: the memo keeps that finding
+        got = [mod(x) for _ in range(3)]
+        want = ref(x)
+    assert len(calls) == n + 6  # the first finds the plan, the second the finding, the third runs the memo
+    assert all(g.dtype == torch.bfloat16 for g in got) and want.dtype == torch.bfloat16
+    for g in got:
+        torch.testing.assert_close(g, want, rtol=0, atol=0)
+    with torch.autocast("cpu", dtype=torch.float16):  # another autocast dtype: the full path
         mod(x)
-        mod(x)
-    assert len(calls) == n + 6
+    assert len(calls) == n + 7
+    mod(x)  # autocast off
     mod(x)
-    assert len(calls) == n + 6
+    assert len(calls) == n + 8
 
 
 def test_module_memo_is_not_copied_or_pickled():
