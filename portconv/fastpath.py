@@ -110,15 +110,18 @@ def special() -> bool:
                 or c._len_torch_dispatch_stack() or torch.autograd.forward_ad._current_level >= 0)
 
 
-def autocast_only(device_type: str, dtype) -> bool:
-    """Autocast is on for ``device_type`` with ``dtype``, and nothing else special() tests is active."""
+def autocast_only(input, dtype) -> bool:
+    """Autocast is on for ``input``'s device type with ``dtype``, and nothing else special() tests is active (a torch
+    tensor's call)."""
     torch = _torch
     if torch.compiler.is_compiling():
         return False
     c = torch._C
-    return not (c._are_functorch_transforms_active() or c._len_torch_dispatch_stack()
-                or torch.autograd.forward_ad._current_level >= 0) and torch.is_autocast_enabled(
-        device_type) and torch.get_autocast_dtype(device_type) == dtype
+    if c._are_functorch_transforms_active() or c._len_torch_dispatch_stack() or (
+            torch.autograd.forward_ad._current_level >= 0):
+        return False
+    device_type = input.device.type
+    return torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == dtype
 
 
 def foreign(*tensors) -> bool:

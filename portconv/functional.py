@@ -155,17 +155,17 @@ def module_convnd(module, rank: int, name: str, input, weight, bias, stride, pad
                   transposed=False, output_padding=0):
     """A converted module's call: _convnd, or the module's memo where it holds (Note [module memo])."""
     m = module.__dict__.get("_pc_memo")
-    if m is not None and m.generation == fastpath.generation and (m.cast is not None or not fastpath.special()):
+    if m is not None and m.generation == fastpath.generation and type(input) is m.key[1] and (
+            not fastpath.special() if m.cast is None else fastpath.autocast_only(input, m.cast)):
         k, a = m.key, m.args
-        if (type(input) is k[1] and a[0] is stride and a[1] is padding and a[2] is dilation and a[3] is groups
-                and a[4] is output_padding and backend is k[13] and type(weight) is k[6]):
+        if (a[0] is stride and a[1] is padding and a[2] is dilation and a[3] is groups and a[4] is output_padding
+                and backend is k[13] and type(weight) is k[6]):
             dev = input.device
             if (input.shape == k[2] and input.stride() == k[3] and input.dtype is k[4] and dev == k[5]
                     and weight.shape == k[7] and weight.stride() == k[8] and weight.dtype is k[9]
                     and weight.device == k[10] and (k[11] is None if bias is None else (
                         type(bias), bias.shape, bias.stride(), bias.dtype, bias.device) == k[11])
-                    and call_state(dev.type) == k[14]
-                    and (m.cast is None or fastpath.autocast_only(dev.type, m.cast))):
+                    and call_state(dev.type) == k[14]):
                 if m.cast is not None:  # Note [autocast and ATen's plans]: PyTorch's call on the uncast operands
                     return composite.torch_convnd(name, input, weight, bias, stride, padding, dilation, groups,
                                                   output_padding)

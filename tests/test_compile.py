@@ -1,6 +1,8 @@
 """torch.compile (fullgraph), export, make_fx, CUDA graphs and autocast of converted models, per backend."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -66,6 +68,22 @@ def test_compiled_converted_model_has_no_graph_break_and_matches_eager(be, compi
     for g, g_eager in zip(grads, grads_eager):
         torch.testing.assert_close(g, g_eager)
     assert torch._dynamo.explain(model)(x).graph_break_count == 0
+
+
+@pytest.mark.parametrize("amp", [False, True])
+def test_a_module_memo_from_eager_calls_compiles_without_graph_breaks(amp):
+    """Note [module memo]: modules called eagerly first (plain or under autocast) hold a memo; dynamo traces past it."""
+    torch._dynamo.reset()
+    model, shape = _model("2d")
+    ours = pnn.convert(model.eval())
+    x = torch.randn(shape)
+    ctx = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if amp else contextlib.nullcontext
+    with ctx():
+        for _ in range(3):
+            want = ours(x)
+        assert all(m.__dict__.get("_pc_memo") is not None for m in ours.modules() if isinstance(m, torch.nn.Conv2d))
+        got = torch.compile(ours, fullgraph=True, backend="aot_eager")(x)
+    torch.testing.assert_close(got, want)
 
 
 def test_automatic_plan_compiles_on_cpu_tensors():
