@@ -432,6 +432,9 @@ def test_overhead_of_the_training_style_call(backend):
     assert res["portconv_minus_torch_us"] == pytest.approx(res["portconv"]["per_call_us"]
                                                            - res["torch"]["per_call_us"])
     assert res["within_target"] == (res["portconv_minus_torch_us"] <= 25.0)
+    assert res["torch_module"]["per_call_us"] > 0 and res["portconv_module"]["per_call_us"] > 0
+    assert res["module_minus_torch_us"] == pytest.approx(res["portconv_module"]["per_call_us"]
+                                                         - res["torch_module"]["per_call_us"])
     from portconv.bench.overhead import train_overhead
 
     assert "CPU torch tensors" in train_overhead("opencl", "meta")["skipped"]

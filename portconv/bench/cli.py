@@ -233,6 +233,9 @@ def overhead_table(results: list[dict]) -> str:
                 f"skipped: {t['skipped']}" if "skipped" in t else f"error: {t['error']}" if "error" in t else
                 f"torch {t['torch']['per_call_us']:8.1f}  portconv {t['portconv']['per_call_us']:8.1f}  "
                 f"diff {t['portconv_minus_torch_us']:+8.1f} {'ok' if t['within_target'] else 'OVER'}"))
+            if "module_minus_torch_us" in t:
+                lines.append(f"  {'':<8} module fwd+bwd:   torch {t['torch_module']['per_call_us']:8.1f}  portconv "
+                             f"{t['portconv_module']['per_call_us']:8.1f}  diff {t['module_minus_torch_us']:+8.1f}")
     return "\n".join(lines)
 
 

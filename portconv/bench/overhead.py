@@ -149,11 +149,27 @@ def train_overhead(backend: str | None, device, calls: int = 200, repeats: int =
     def ours(a, b, padding):
         return portconv.conv2d(a, b, padding=padding, backend=backend)
 
+    # the same call as a model makes it: a torch.nn.Conv2d and its portconv.convert() (Note [module memo])
+    theirs = torch.nn.Conv2d(c, c, kernel, padding=pad, bias=False).to(tdev)
+    with torch.no_grad():
+        theirs.weight.copy_(w)
+    mine = portconv.convert(theirs, backend)
+
+    def module_step(mod):
+        def call():
+            torch.autograd.grad(mod(x), (x, mod.weight), g)
+        return call
+
     with no_poison():
         out = {"calls": "torch.autograd.grad(conv2d(x, w, padding), (x, w), grad_output)",
                "data": f"torch tensors on {tdev}", "torch": _per_call_us(step(F.conv2d), sync, calls, repeats),
-               "portconv": _per_call_us(step(ours), sync, calls, repeats)}
+               "portconv": _per_call_us(step(ours), sync, calls, repeats),
+               "module_calls": "torch.autograd.grad(module(x), (x, module.weight), grad_output): torch.nn.Conv2d "
+                               "and portconv.convert() of it",
+               "torch_module": _per_call_us(module_step(theirs), sync, calls, repeats),
+               "portconv_module": _per_call_us(module_step(mine), sync, calls, repeats)}
     out["portconv_minus_torch_us"] = out["portconv"]["per_call_us"] - out["torch"]["per_call_us"]
+    out["module_minus_torch_us"] = out["portconv_module"]["per_call_us"] - out["torch_module"]["per_call_us"]
     out["within_target"] = out["portconv_minus_torch_us"] <= TARGET_US
     return out
 
