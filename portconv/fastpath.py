@@ -103,25 +103,18 @@ def special() -> bool:
     torch = _torch or _init_torch()
     if torch is None:
         return False
+    return traced_or_transformed() or bool(torch._C._is_any_autocast_enabled())
+
+
+def traced_or_transformed() -> bool:
+    """special() but for autocast: a tracer (dynamo first), a torch dispatch mode, a functorch transform or a
+    forward-AD level is active (torch is bound)."""
+    torch = _torch
     if torch.compiler.is_compiling():
         return True
     c = torch._C
-    return bool(c._is_any_autocast_enabled() or c._are_functorch_transforms_active()
-                or c._len_torch_dispatch_stack() or torch.autograd.forward_ad._current_level >= 0)
-
-
-def autocast_only(input, dtype) -> bool:
-    """Autocast is on for ``input``'s device type with ``dtype``, and nothing else special() tests is active (a torch
-    tensor's call)."""
-    torch = _torch
-    if torch.compiler.is_compiling():
-        return False
-    c = torch._C
-    if c._are_functorch_transforms_active() or c._len_torch_dispatch_stack() or (
-            torch.autograd.forward_ad._current_level >= 0):
-        return False
-    device_type = input.device.type
-    return torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == dtype
+    return bool(c._are_functorch_transforms_active() or c._len_torch_dispatch_stack()
+                or torch.autograd.forward_ad._current_level >= 0)
 
 
 def foreign(*tensors) -> bool:
@@ -147,18 +140,33 @@ def key(name, input, weight, bias, args: tuple, backend) -> tuple | None:
     try:
         if input.layout is not _strided or weight.layout is not _strided:
             return None  # sparse or mkldnn tensors: the slow path decides
-        if bias is None:
-            b = None
-        elif type(bias) in tt and bias.layout is _strided:
-            b = (type(bias), bias.shape, bias.stride(), bias.dtype, bias.device)
-        else:
+        if bias is not None and (type(bias) not in tt or bias.layout is not _strided):
             return None
         args = _key_args(args)
         dev = input.device
         return (name, type(input), input.shape, input.stride(), input.dtype, dev, type(weight), weight.shape,
-                weight.stride(), weight.dtype, weight.device, b, args, backend, call_state(dev.type))
+                weight.stride(), weight.dtype, weight.device, _bias_spec(bias), args, backend, call_state(dev.type))
     except (TypeError, RuntimeError):  # not a strided tensor (sparse, mkldnn), or an argument the cache cannot key
         return None
+
+
+def _bias_spec(bias) -> tuple | None:
+    return None if bias is None else (type(bias), bias.shape, bias.stride(), bias.dtype, bias.device)
+
+
+def matches(k: tuple, input, weight, bias) -> bool:
+    """Whether key() of a torch-tensor call with these tensors would hold what ``k`` (such a key) holds for them and
+    for the call state, compared field by field without building the key (Note [module memo]); the name, arguments
+    and backend are the caller's to compare."""
+    if type(input) is not k[1] or type(weight) is not k[6]:
+        return False
+    try:
+        dev = input.device
+        return (input.shape == k[2] and input.stride() == k[3] and input.dtype is k[4] and dev == k[5]
+                and weight.shape == k[7] and weight.stride() == k[8] and weight.dtype is k[9]
+                and weight.device == k[10] and _bias_spec(bias) == k[11] and call_state(dev.type) == k[14])
+    except (TypeError, RuntimeError):  # a tensor without strides (sparse, mkldnn): key() would not key it
+        return False
 
 
 def _array_call_key(name, input, weight, bias, args: tuple, backend) -> tuple | None:

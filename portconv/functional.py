@@ -5,7 +5,7 @@ from collections.abc import Sequence
 
 from . import composite, fastpath, validate
 from .params import ConvParams
-from .planner import Plan, backward_problem, call_state, make_problem, params_of, prepare, select
+from .planner import Plan, backward_problem, make_problem, params_of, prepare, select
 from .tensors import spec_of
 
 
@@ -125,7 +125,8 @@ def _backward(p: Plan, mask: tuple, grad_output, input, weight, mode: int):
 # Note [module memo]
 # A converted module keeps its last call's fast-path entry (Note [fast path]) with the key it was found under and the
 # argument objects it was called with. A call that is not special (no tracer, autocast, transform or forward-AD level)
-# whose tensors match that key field by field (type, shape, strides, dtype, device of the input, weight and bias),
+# whose tensors match that key field by field (fastpath.matches: type, shape, strides, dtype, device of the input,
+# weight and bias),
 # with the same argument objects, backend, call state and fast-path generation, runs that entry directly: the same
 # plan the key would find, without building, hashing and looking up the key (a converted MobileNetV2's convolutions
 # spent about half of portconv's host time there on an H100 host). Under autocast and nothing else special, a module
@@ -156,25 +157,20 @@ def module_convnd(module, rank: int, name: str, input, weight, bias, stride, pad
     """A converted module's call: _convnd, or the module's memo where it holds (Note [module memo])."""
     m = module.__dict__.get("_pc_memo")
     if m is not None and m.generation == fastpath.generation and type(input) is m.key[1] and (
-            not fastpath.special() if m.cast is None else fastpath.autocast_only(input, m.cast)):
-        k, a = m.key, m.args
+            not fastpath.special() if m.cast is None
+            else not fastpath.traced_or_transformed() and composite.autocast_dtype(input) == m.cast):
+        a = m.args
         if (a[0] is stride and a[1] is padding and a[2] is dilation and a[3] is groups and a[4] is output_padding
-                and backend is k[13] and type(weight) is k[6]):
-            dev = input.device
-            if (input.shape == k[2] and input.stride() == k[3] and input.dtype is k[4] and dev == k[5]
-                    and weight.shape == k[7] and weight.stride() == k[8] and weight.dtype is k[9]
-                    and weight.device == k[10] and (k[11] is None if bias is None else (
-                        type(bias), bias.shape, bias.stride(), bias.dtype, bias.device) == k[11])
-                    and call_state(dev.type) == k[14]):
-                if m.cast is not None:  # Note [autocast and ATen's plans]: PyTorch's call on the uncast operands
-                    return composite.torch_convnd(name, input, weight, bias, stride, padding, dilation, groups,
-                                                  output_padding)
-                if m.aten is not None:
-                    return m.aten[0](input, weight, bias, *m.aten[1])
-                p, params, batched = m.entry
-                if batched:
-                    return _execute(p, input, weight, bias, params)
-                return _execute(p, input[None], weight, bias, params)[0]
+                and backend is m.key[13] and fastpath.matches(m.key, input, weight, bias)):
+            if m.cast is not None:  # Note [autocast and ATen's plans]: PyTorch's call on the uncast operands
+                return composite.torch_convnd(name, input, weight, bias, stride, padding, dilation, groups,
+                                              output_padding)
+            if m.aten is not None:
+                return m.aten[0](input, weight, bias, *m.aten[1])
+            p, params, batched = m.entry
+            if batched:
+                return _execute(p, input, weight, bias, params)
+            return _execute(p, input[None], weight, bias, params)[0]
     return _convnd(rank, name, input, weight, bias, stride, padding, dilation, groups, backend, transposed,
                    output_padding, memo_owner=module)
 
@@ -186,30 +182,29 @@ def _remember(owner, key, args: tuple, entry: tuple | None, cast=None) -> None:
 
 def _convnd(rank: int, name: str, input, weight, bias, stride, padding, dilation, groups, backend,
             transposed=False, output_padding=0, mode: int = 0, memo_owner=None):
-    akey = None
+    akey, args = None, (stride, padding, dilation, groups, output_padding)
     if mode == 0 and fastpath.special():  # Note [eager and traced calls]
         cast, traced = composite.autocast_dtype(input), composite.traced(input)
         mode = 0 if traced else composite.mode(input)
         if cast is not None and mode == 1:
             # Note [autocast and ATen's plans]: keyed by the operands as they come, before the cast
-            akey = fastpath.key((name, cast), input, weight, bias, (stride, padding, dilation, groups, output_padding),
-                                backend)
+            akey = fastpath.key((name, cast), input, weight, bias, args, backend)
             if fastpath.get(akey) is not None:
                 if memo_owner is not None:
-                    _remember(memo_owner, akey, (stride, padding, dilation, groups, output_padding), None, cast)
+                    _remember(memo_owner, akey, args, None, cast)
                 return composite.torch_convnd(name, input, weight, bias, stride, padding, dilation, groups,
                                               output_padding)
         input, weight, bias = composite.cast(cast, input, weight, bias)  # before F.convNd's checks, as ATen's does
         if traced:
             return composite.traced_convnd(rank, name, input, weight, bias, stride, padding, dilation, groups, backend,
                                            transposed, output_padding)
-    key = fastpath.key(name, input, weight, bias, (stride, padding, dilation, groups, output_padding), backend)
+    key = fastpath.key(name, input, weight, bias, args, backend)
     hit = fastpath.get(key)
     if hit is not None:  # Note [fast path]
         if akey is not None and hit[0] is not None and hit[0].aten_autograd:
             fastpath.put(akey, (True,))
         if mode == 0 and memo_owner is not None:
-            _remember(memo_owner, key, (stride, padding, dilation, groups, output_padding), hit)
+            _remember(memo_owner, key, args, hit)
         if hit[2]:
             return _execute(hit[0], input, weight, bias, hit[1], mode)
         return _execute(hit[0], input[None], weight, bias, hit[1], mode)[0]
@@ -230,7 +225,7 @@ def _convnd(rank: int, name: str, input, weight, bias, stride, padding, dilation
     p = prepare(input, weight, bias, params, backend, None if key is None else key[-1])
     fastpath.put(key, (p, params, is_batched))
     if mode == 0 and memo_owner is not None:
-        _remember(memo_owner, key, (stride, padding, dilation, groups, output_padding), (p, params, is_batched))
+        _remember(memo_owner, key, args, (p, params, is_batched))
     if akey is not None and p is not None and p.aten_autograd:
         fastpath.put(akey, (True,))
     out = _execute(p, input, weight, bias, params, mode)

@@ -40,23 +40,25 @@ class OwnKernelWin:
 OWN_DEPTHWISE_MIN_OUTPUTS = {2: 1024 * 1024, 3: 2 * 1024 * 1024}
 
 
-def _large_dense_depthwise_3tap(problem: Problem) -> bool:
-    """Depthwise, NCHW/NCDHW-contiguous, every kernel dim 3, stride 1 (or 2 in 2-D), dilation 1, at least
+def _large_dense_depthwise(problem: Problem, fmt: str) -> bool:
+    """Depthwise, not transposed, 2-D or 3-D, dense in ``fmt`` (also the layout ATen sees), dilation 1, with at least
     OWN_DEPTHWISE_MIN_OUTPUTS[rank] output elements."""
     p, x = problem.params, problem.input
+    return (problem.is_depthwise and not p.transposed and p.rank in OWN_DEPTHWISE_MIN_OUTPUTS
+            and x.memory_format == fmt and x.is_contiguous(fmt) and set(p.dilation) == {1}
+            and math.prod(problem.output_shape) >= OWN_DEPTHWISE_MIN_OUTPUTS[p.rank])
+
+
+def _large_dense_depthwise_3tap(problem: Problem) -> bool:
+    """NCHW/NCDHW-contiguous (_large_dense_depthwise), every kernel dim 3, stride 1 (or 2 in 2-D)."""
+    p = problem.params
     stride_ok = set(p.stride) == {1} or (p.rank == 2 and set(p.stride) == {2})
-    return (problem.is_depthwise and not p.transposed and x.memory_format == "contiguous" and x.is_contiguous()
-            and p.rank >= 2 and all(k == 3 for k in problem.weight.shape[2:]) and stride_ok
-            and set(p.dilation) == {1} and math.prod(problem.output_shape) >= OWN_DEPTHWISE_MIN_OUTPUTS[p.rank])
+    return _large_dense_depthwise(problem, "contiguous") and all(k == 3 for k in _kernel(problem)) and stride_ok
 
 
 def _depthwise_plain(problem: Problem, rank: int, fmt: str) -> bool:
-    """Depthwise, not transposed, of this rank, stride and dilation 1, dense in ``fmt``, with at least
-    OWN_DEPTHWISE_MIN_OUTPUTS[rank] output elements."""
-    p, x = problem.params, problem.input
-    return (problem.is_depthwise and not p.transposed and p.rank == rank and set(p.stride) == {1}
-            and set(p.dilation) == {1} and x.is_contiguous(fmt) and (fmt != "contiguous" or x.memory_format == fmt)
-            and math.prod(problem.output_shape) >= OWN_DEPTHWISE_MIN_OUTPUTS[rank])
+    """_large_dense_depthwise of this rank with stride 1."""
+    return problem.params.rank == rank and set(problem.params.stride) == {1} and _large_dense_depthwise(problem, fmt)
 
 
 def _kernel(problem: Problem) -> tuple[int, ...]:
