@@ -6,3 +6,4 @@
 #include "conv_depthwise.cuh"
 #include "conv_depthwise_tile.cuh"
 #include "conv_depthwise_planes.cuh"
+#include "conv_depthwise_bands.cuh"

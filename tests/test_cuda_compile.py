@@ -423,8 +423,10 @@ def test_depthwise_rule_kernels_on_cpu(emu_backend, case, monkeypatch):
     want_w = depthwise.depthwise_kernels(v, p.memory_format != "contiguous")["bwd_weight"]
     assert ("portconv_depthwise_bwd_weight" in names) == (want_w == "plain"), names
     assert tap3 or {"portconv_depthwise_fwd_rows", "portconv_depthwise_bwd_data_rows"} <= names, names
-    if case.kernel == 5 or case.rank == 1:  # 5x5 taps, and 1-D: the per-element weight gradient
+    if case.kernel == 5:  # 5x5 taps, dilation 2: the per-element weight gradient
         assert want_w == "plain"
+    if case.rank == 1:  # 1-D: Note [depthwise bands]
+        assert want_w == "bands_s1"
 
 
 NARROW_CASES = [  # Note [narrow backward-data]: C_in <= igemm.NARROW_C, K >= igemm.NARROW_K, 2+ taps
@@ -590,6 +592,74 @@ def test_depthwise_planes_on_cpu(emu_backend, case, sizes, monkeypatch):
         assert max(grids) <= 2 if sizes[1] == 1 else max(grids) >= 2, grids
 
 
+BANDS_CASES = [  # Note [depthwise bands]: NCHW filters with no 3-tap kernel
+    EmuCase(2, 2, 3, 3, 9, 5, padding=2, groups=3),  # 5x5 stride 1: fwd and bwd-data, 3 planes a block
+    EmuCase(2, 2, 4, 4, 7, 7, padding=3, groups=4),  # ConvNeXt's last stage: 7x7 planes, one row group a plane
+    EmuCase(2, 1, 2, 2, 48, 5, padding=2, groups=2),  # 48x48: bands of 40 rows (5 groups of 8), the last 8 rows
+    EmuCase(2, 2, 3, 3, 11, 13, padding=6, groups=3),  # 13 filter rows in steps of 7 (14, one zero row)
+    EmuCase(2, 1, 4, 4, 12, 5, stride=2, padding=2, groups=4),  # stride 2: bands_s2, bwd-data in 4 phases
+    EmuCase(2, 2, 3, 3, 11, 4, stride=2, padding=1, groups=3),  # odd X, even filter: phases of 2 and 2 taps
+    EmuCase(2, 1, 2, 2, 10, 7, stride=2, padding=1, groups=2),  # 7 taps, padding 1: sub-filters of 4 and 3
+    EmuCase(2, 2, 3, 6, 8, 4, padding=1, groups=3),  # even filter, multiplier 2: bands forward, rows bwd-data
+    EmuCase(2, 1, 4, 4, 10, 5, padding=0, groups=4, layout="strided"),  # no padding, a strided X
+    EmuCase(1, 2, 3, 3, 21, 7, padding=3, groups=3),  # 1-D: one filter row
+]
+
+
+@pytest.mark.parametrize("case", BANDS_CASES, ids=lambda c: f"r{c.rank}k{c.kernel}s{c.stride}m{c.k // c.c}"
+                         f"{c.size}{c.layout}")
+def test_depthwise_bands_on_cpu(emu_backend, case, monkeypatch):
+    """Note [depthwise bands]: forward (with bias) and grad_input of the 'bands' kernels in all four dtypes against
+    aten in float64, outputs poisoned; the forward and grad_weight run 'bands' on every case, grad_input where the
+    multiplier is 1 (stride 2: Note [bands phases])."""
+    launches = []
+    for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16):
+        x, w, b, problem, go, ref = _setup(case, dtype)
+        p = run_plan(emu_backend, monkeypatch, problem)
+        assert p.algorithm == "depthwise"
+        _check(_all(p, x, w, b, go), ref, dtype, f"bands ({'; '.join(p.kernels[0].lines())})")
+        launches += emu_backend.launches()
+    names = {x_.kernel for x_ in launches}
+    assert f"portconv_depthwise_fwd_bands_s{case.stride}" in names, names
+    assert (f"portconv_depthwise_bwd_data_bands_s{case.stride}" in names) == (case.k == case.c), names
+    assert f"portconv_depthwise_bwd_weight_bands_s{case.stride}" in names, names
+    splits = {view.arg_field(x_, "splits") for x_ in launches if "weight_bands" in x_.kernel}
+    if case.size == 48:  # two bands: two units, split over the two emulated SMs (the finalize's path)
+        assert max(splits) >= 2, splits
+
+
+def test_depthwise_bands_geometry():
+    """Note [depthwise bands]: planes a block, bands a plane and shared bytes per direction, the filter-row step."""
+    def view_(hw, r, s=1, n=64, c=96):
+        y = (hw + 2 * (r // 2) - r) // s + 1
+        return ConvView(n, c, c, c, (1, hw, hw), (1, y, y), (1, r, r), (1, s, s), (0, r // 2, r // 2), (1, 1, 1))
+
+    assert [depthwise.dwb_ch(r) for r in (1, 5, 7, 8, 9, 13, 31)] == [1, 5, 7, 8, 5, 7, 8]
+    st1 = view_(56, 7)  # G = 4 row groups of 8: bands of 32 rows; 38 x 62 staged + 7 x 7 weights
+    assert depthwise.dw_bands(st1, "fwd", "float32") == (1, 2, (38 * 62 + 49) * 4)
+    assert depthwise.dw_bands(view_(14, 7), "fwd", "float32") == (9, 1, 9 * (22 * 20 + 49) * 4)
+    assert depthwise.dw_bands(view_(56, 5, s=2), "fwd", "bfloat16") == (2, 1, 2 * (67 * 59 + 25) * 4)
+    assert depthwise.dw_bands(view_(56, 5, s=2), "bwd_data", "float32")[:2] == (2, 1)  # 4 phases of 28 x 28
+    assert depthwise.dwb_phases(view_(56, 5, s=2), "bwd_data") == [((28, 3), (28, 3)), ((28, 3), (28, 2)),
+                                                                   ((28, 2), (28, 3)), ((28, 2), (28, 2))]
+    assert depthwise.dwb_step(view_(56, 5, s=2), "bwd_data") == 3 and depthwise.dwb_step(view_(56, 5), "fwd") == 5
+    assert depthwise.dwb_vh(view_(56, 31)) == 16 and depthwise.dwb_vh(view_(56, 7)) == 8  # tall filters: 16 rows
+    assert depthwise.dw_bands(view_(56, 31), "fwd", "float32") == (1, 1, (95 * 86 + 32 * 31) * 4)  # 4 groups of 16
+    assert depthwise.dw_bands(view_(56, 31), "fwd", "float64") is None  # 73 KB a plane
+    r13 = depthwise.dw_bands(view_(7, 13, n=32, c=1024), "fwd", "float32")  # 7 rows: 8 a thread
+    assert r13 == (21, 1, 21 * (21 * 19 + 14 * 13) * 4)  # shared memory, not threads (36), limits the planes
+    assert depthwise.dw_bands(dataclasses.replace(st1, X=(1, 300, 300), Y=(1, 300, 300)), "fwd", "float32") is None
+    src = (pathlib.Path(__file__).resolve().parents[1] / "cuda" / "conv_depthwise_bands.cuh").read_text()
+    d = {k: int(v) for k, v in re.findall(r"#define (PC_DWB_\w+) +(\d+)", src)}
+    assert (d["PC_DWB_VH"], d["PC_DWB_U"], d["PC_DWB_ROWS"], d["PC_DWB_MAX"]) == (
+        depthwise.DWB_VH, depthwise.DWB_U, depthwise.DWB_ROWS, depthwise.DWB_MAX_BYTES)  # the kernel's own sizes
+    wg = depthwise.dwb_wgeometry  # weight gradient: units of about DWB_ROWS positions
+    assert wg(st1, "float32") == (1, 2, (42 * 62 + 36 * 56) * 4)  # 36-row bands of 56 (8-column runs)
+    assert wg(view_(14, 7), "float32") == (9, 1, 9 * (20 * 22 + 14 * 16) * 4)  # 9 planes of 14 rows
+    assert wg(view_(7, 13, n=32, c=1024), "float32") == (27, 1, 27 * (19 * 21 + 7 * 8) * 4)  # as many as fit
+    assert wg(view_(56, 31), "float64") is None and wg(view_(56, 31), "float32")[:2] == (1, 2)
+
+
 @pytest.mark.parametrize("extra", [{"PC_DWT_RING": 1, "PC_DWT_RD": 2, "PC_DWT_FRING": 1, "PC_DWT_FRD": 4,
                                     "PC_DWT_NRING": 1},
                                    {"PC_DWT_RING": 1, "PC_DWT_RD": 4, "PC_DWT_FRING": 1, "PC_DWT_FRD": 2,
@@ -634,7 +704,10 @@ def test_depthwise_selection(monkeypatch):
     assert ks(dataclasses.replace(small, K=288))["fwd"] == "rows3s1"  # channel multiplier 2
     assert ks(view_(1, rank=3), cl=True)["bwd_weight"] == "tile3d_s1"
     assert ks(view_(1, k=288), cl=True)["fwd"] == "rows3s1"  # channel multiplier 2: no tile kernel
-    assert ks(view_(1, r=5)) == {"fwd": "rows", "bwd_data": "rows", "bwd_weight": "plain"}  # 5x5: generic strips
+    assert ks(view_(1, r=5)) == {"fwd": "bands_s1", "bwd_data": "bands_s1", "bwd_weight": "bands_s1"}  # any filter
+    assert ks(view_(2, r=5))["fwd"] == ks(view_(2, r=5))["bwd_data"] == "bands_s2"  # Note [bands phases]
+    assert ks(view_(1, r=5), cl=True) == {"fwd": "rows", "bwd_data": "rows", "bwd_weight": "plain"}  # generic strips
+    assert ks(view_(1, r=5, k=288))["bwd_data"] == "rows" and ks(view_(1, rank=3, r=5))["fwd"] == "rows"
 
     def v(view__, dtype, cl):  # Note [whole-row strips]
         return depthwise.dw_v(view__, dtype, cl, ks(view__, cl=cl))
