@@ -73,11 +73,13 @@ def _ncdhw_5tap(problem: Problem) -> bool:
     return _depthwise_plain(problem, 3, "contiguous") and _kernel(problem) == (5, 5, 5)
 
 
-def _small_plane_large_kernel(problem: Problem) -> bool:
-    """NCHW 2-D with in-plane input <= 8x8 and a kernel >= 7 on both axes (ConvNeXt's last stage, RepLKNet's 13x13
-    on 7x7 planes): ATen's weight gradient (CudaDepthwise2d) is slowest there."""
-    return (_depthwise_plain(problem, 2, "contiguous") and all(k >= 7 for k in _kernel(problem))
-            and all(s <= 8 for s in problem.input.shape[2:]))
+def _large_kernel_nchw(problem: Problem) -> bool:
+    """NCHW 2-D with a kernel >= 5 on both axes at stride 1, or 5x5 at stride 2 (EfficientNet's 5x5, ConvNeXt's 7x7
+    at every stage, RepLKNet's 13x13 and 31x31): the 'bands' kernels (Note [depthwise bands]) in all three
+    directions, where ATen's CudaDepthwise2d is slowest."""
+    p = problem.params
+    return (p.rank == 2 and _large_dense_depthwise(problem, "contiguous") and all(k >= 5 for k in _kernel(problem))
+            and (set(p.stride) == {1} or (set(p.stride) == {2} and _kernel(problem) == (5, 5))))
 
 
 def _channels_last_large_kernel(problem: Problem) -> bool:
@@ -90,7 +92,7 @@ def _channels_last_large_kernel(problem: Problem) -> bool:
 # depthwise problems are host-bound: under 1M outputs (mbv2-dw3x3-b1) the own plan measured 0.81x-1.32x per call,
 # so 2-D starts at 1M; 3-D keeps 2M, the smallest 3-D size measured. Each row's evidence is the sum of the three
 # directions' device times on the suite rows it names (docs/performance/h100/depthwise.md); the classes that
-# measured slower stay with ATen (5x5 and 7x7 on larger planes, 31x31 NCHW, channels-last 2-D 3x3 to 7x7).
+# measured slower stay with ATen (channels-last 2-D 3x3 to 7x7).
 OWN_KERNEL_WINS: tuple[OwnKernelWin, ...] = (
     OwnKernelWin(BackendId.CUDA, ("CudaDepthwise2d", "CudaDepthwise3d"), _large_dense_depthwise_3tap,
                  "depthwise 3x3 (>= 1M outputs) / 3x3x3 (>= 2M), stride 1 (or 2 in 2-D), NCHW",
@@ -101,9 +103,10 @@ OWN_KERNEL_WINS: tuple[OwnKernelWin, ...] = (
     OwnKernelWin(BackendId.CUDA, ("CudaDepthwise3d",), _ncdhw_5tap,
                  "depthwise 5x5x5, stride 1, NCDHW (>= 2M outputs)",
                  "1.55x-1.62x PyTorch on an H100, x3d-dw5x5x5 and -bf16"),
-    OwnKernelWin(BackendId.CUDA, ("CudaDepthwise2d",), _small_plane_large_kernel,
-                 "depthwise kernel >= 7x7 on planes <= 8x8, stride 1, NCHW (>= 1M outputs)",
-                 "1.40x-1.60x PyTorch on an H100, convnext-dw7x7-st4 and replk-dw13x13 (float32, bfloat16)"),
+    OwnKernelWin(BackendId.CUDA, ("CudaDepthwise2d",), _large_kernel_nchw,
+                 "depthwise kernel >= 5x5 at stride 1 or 5x5 at stride 2, NCHW (>= 1M outputs)",
+                 "1.48x-7.9x PyTorch on an H100, effnet-dw5x5, effnet-dw5x5-s2, convnext-dw7x7-st1..st4, "
+                 "replk-dw13x13, replk-dw31x31 (float32, bfloat16; docs/performance/h100/depthwise.md)"),
     OwnKernelWin(BackendId.CUDA, ("Cudnn",), _channels_last_large_kernel,
                  "depthwise kernel >= 13x13, stride 1, channels-last (>= 1M outputs)",
                  "1.20x-3.30x PyTorch (cuDNN) on an H100, replk-dw13x13-cl and replk-dw31x31-cl (float32, bfloat16)"),

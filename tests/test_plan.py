@@ -74,7 +74,7 @@ def test_small_measured_3x3_depthwise_goes_to_portconvs_kernels():  # mbv2-dw3x3
     # mbv2-dw3x3-b1 (401K outputs): host-bound per call, portconv's path measured 0.81x-1.32x (H100)
     dict(ishape=(1, 32, 112, 112), wshape=(32, 1, 3, 3), padding=1, groups=32),
     dict(ishape=(1, 32, 56, 56), wshape=(32, 1, 3, 3), padding=1, groups=32),  # smaller still
-    dict(ishape=(32, 144, 56, 56), wshape=(144, 1, 5, 5), padding=2, groups=144),  # 5x5: no row
+    dict(ishape=(32, 144, 56, 56), wshape=(144, 1, 5, 5), padding=4, dilation=2, groups=144),  # 5x5, dilation 2
 ])
 def test_other_depthwise_goes_to_aten_with_evidence(case):
     bid, why, _, _ = _first(_problem(dtype="float32", **case))
@@ -89,6 +89,12 @@ def test_other_depthwise_goes_to_aten_with_evidence(case):
     (dict(ishape=(32, 1024, 7, 7), wshape=(1024, 1, 13, 13), padding=6, groups=1024), "CudaDepthwise2d"),
     (dict(ishape=(32, 1024, 7, 7), wshape=(1024, 1, 13, 13), padding=6, groups=1024, fmt="channels_last"), "Cudnn"),
     (dict(ishape=(32, 128, 56, 56), wshape=(128, 1, 31, 31), padding=15, groups=128, fmt="channels_last"), "Cudnn"),
+    # Note [depthwise bands]: convnext-dw7x7-st1, -st3, effnet-dw5x5, -s2, replk-dw31x31 in NCHW
+    (dict(ishape=(64, 96, 56, 56), wshape=(96, 1, 7, 7), padding=3, groups=96), "CudaDepthwise2d"),
+    (dict(ishape=(64, 384, 14, 14), wshape=(384, 1, 7, 7), padding=3, groups=384), "CudaDepthwise2d"),
+    (dict(ishape=(64, 480, 14, 14), wshape=(480, 1, 5, 5), padding=2, groups=480), "CudaDepthwise2d"),
+    (dict(ishape=(64, 144, 56, 56), wshape=(144, 1, 5, 5), padding=2, stride=2, groups=144), "CudaDepthwise2d"),
+    (dict(ishape=(32, 128, 56, 56), wshape=(128, 1, 31, 31), padding=15, groups=128), "CudaDepthwise2d"),
 ])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_measured_depthwise_families_go_to_portconvs_kernels(case, aten, dtype):
@@ -98,8 +104,8 @@ def test_measured_depthwise_families_go_to_portconvs_kernels(case, aten, dtype):
 
 
 @pytest.mark.parametrize("case", [  # neighbours of those classes that measured slower (or were not measured)
-    dict(ishape=(64, 384, 14, 14), wshape=(384, 1, 7, 7), padding=3, groups=384),  # convnext-dw7x7-st3: 1.03x
-    dict(ishape=(32, 128, 56, 56), wshape=(128, 1, 31, 31), padding=15, groups=128),  # replk-dw31x31 NCHW: 0.86x
+    dict(ishape=(64, 384, 14, 14), wshape=(384, 1, 7, 7), padding=3, stride=2, groups=384),  # 7x7 stride 2
+    dict(ishape=(64, 144, 56, 56), wshape=(144, 1, 5, 5), padding=2, groups=144, fmt="channels_last"),  # -cl
     dict(ishape=(64, 96, 56, 56), wshape=(96, 1, 7, 7), padding=3, groups=96, fmt="channels_last"),  # st1-cl
     dict(ishape=(8, 54, 16, 56, 56), wshape=(54, 1, 3, 3, 3), padding=1, stride=2, groups=54, fmt="channels_last"),
     dict(ishape=(1, 1024, 7, 7), wshape=(1024, 1, 13, 13), padding=6, groups=1024),  # 50K outputs: host-bound
