@@ -130,9 +130,11 @@ def _backward(p: Plan, mask: tuple, grad_output, input, weight, mode: int):
 # with the same argument objects, backend, call state and fast-path generation, runs that entry directly: the same
 # plan the key would find, without building, hashing and looking up the key (a converted MobileNetV2's convolutions
 # spent about half of portconv's host time there on an H100 host). Under autocast and nothing else special, a module
-# whose call was found planned as ATen's (Note [autocast and ATen's plans]: that key, with the autocast dtype) keeps
-# that finding instead, and a matching call with the same autocast dtype is PyTorch's own F.convNd. Anything else
-# takes _convnd, which renews the memo. Copies and pickles of the module carry no memo.
+# keeps the key of its uncast operands with the autocast dtype: where its call was found planned as ATen's (Note
+# [autocast and ATen's plans]) a matching call with the same autocast dtype is PyTorch's own F.convNd; otherwise the
+# memo holds the entry of the cast operands (the cast is a function of the uncast specs and the dtype, so the plan is
+# too), and a matching call casts and runs it. Anything else takes _convnd, which renews the memo. Copies and pickles
+# of the module carry no memo.
 class _Memo:
     __slots__ = ("key", "args", "entry", "generation", "aten", "cast")
 
@@ -162,9 +164,15 @@ def module_convnd(module, rank: int, name: str, input, weight, bias, stride, pad
         a = m.args
         if (a[0] is stride and a[1] is padding and a[2] is dilation and a[3] is groups and a[4] is output_padding
                 and backend is m.key[13] and fastpath.matches(m.key, input, weight, bias)):
-            if m.cast is not None:  # Note [autocast and ATen's plans]: PyTorch's call on the uncast operands
-                return composite.torch_convnd(name, input, weight, bias, stride, padding, dilation, groups,
-                                              output_padding)
+            if m.cast is not None:
+                if m.entry is None:  # Note [autocast and ATen's plans]: PyTorch's call on the uncast operands
+                    return composite.torch_convnd(name, input, weight, bias, stride, padding, dilation, groups,
+                                                  output_padding)
+                input, weight, bias = composite.cast(m.cast, input, weight, bias)  # the entry's operands
+                p, params, batched = m.entry
+                if batched:
+                    return _execute(p, input, weight, bias, params, 1)
+                return _execute(p, input[None], weight, bias, params, 1)[0]
             if m.aten is not None:
                 return m.aten[0](input, weight, bias, *m.aten[1])
             p, params, batched = m.entry
@@ -178,6 +186,17 @@ def module_convnd(module, rank: int, name: str, input, weight, bias, stride, pad
 def _remember(owner, key, args: tuple, entry: tuple | None, cast=None) -> None:
     if key is not None and isinstance(key[1], type):  # a torch-tensor key (arrays have keys of their own shape)
         owner.__dict__["_pc_memo"] = _Memo(key, args, entry, cast)
+
+
+def _remember_call(owner, key, akey, mode: int, args: tuple, entry: tuple) -> None:
+    """Note [module memo] after _convnd found ``entry``: a plain call keeps it under its key; an autocast call (akey:
+    the uncast operands' key, with the autocast dtype) keeps it under that key, or only the finding where the plan is
+    ATen's (Note [autocast and ATen's plans])."""
+    if mode == 0:
+        _remember(owner, key, args, entry)
+    elif akey is not None and mode == 1:
+        aten = entry[0] is not None and entry[0].aten_autograd
+        _remember(owner, akey, args, None if aten else entry, akey[0][1])
 
 
 def _convnd(rank: int, name: str, input, weight, bias, stride, padding, dilation, groups, backend,
@@ -203,8 +222,8 @@ def _convnd(rank: int, name: str, input, weight, bias, stride, padding, dilation
     if hit is not None:  # Note [fast path]
         if akey is not None and hit[0] is not None and hit[0].aten_autograd:
             fastpath.put(akey, (True,))
-        if mode == 0 and memo_owner is not None:
-            _remember(memo_owner, key, args, hit)
+        if memo_owner is not None:
+            _remember_call(memo_owner, key, akey, mode, args, hit)
         if hit[2]:
             return _execute(hit[0], input, weight, bias, hit[1], mode)
         return _execute(hit[0], input[None], weight, bias, hit[1], mode)[0]
@@ -224,8 +243,8 @@ def _convnd(rank: int, name: str, input, weight, bias, stride, padding, dilation
                              weight_shape=spec_of(weight).shape, input_shape=spec_of(input).shape)
     p = prepare(input, weight, bias, params, backend, None if key is None else key[-1])
     fastpath.put(key, (p, params, is_batched))
-    if mode == 0 and memo_owner is not None:
-        _remember(memo_owner, key, args, (p, params, is_batched))
+    if memo_owner is not None:
+        _remember_call(memo_owner, key, akey, mode, args, (p, params, is_batched))
     if akey is not None and p is not None and p.aten_autograd:
         fastpath.put(akey, (True,))
     out = _execute(p, input, weight, bias, params, mode)

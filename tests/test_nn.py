@@ -206,14 +206,39 @@ def test_module_memo_runs_the_same_plan_and_notices_every_change(monkeypatch):
     assert full(lambda: mod(x)) == 1
     assert full(lambda: mod(x)) == 0
     with torch.autocast("cpu", dtype=torch.bfloat16):  # ATen's plan under autocast: the memo keeps that finding
-        # the first call finds the plan, the second the finding (Note [autocast and ATen's plans]), the third the memo
-        assert full(lambda: [mod(x) for _ in range(3)]) == 2
+        # the first call finds the plan and keeps the finding (Note [autocast and ATen's plans]); the others the memo
+        assert full(lambda: [mod(x) for _ in range(3)]) == 1 and mod.__dict__["_pc_memo"].entry is None
         got, want = mod(x), ref(x)
         assert got.dtype == want.dtype == torch.bfloat16
         torch.testing.assert_close(got, want, rtol=0, atol=0)
     with torch.autocast("cpu", dtype=torch.float16):  # another autocast dtype: the full path
         assert full(lambda: mod(x)) == 1
     assert full(lambda: [mod(x) for _ in range(2)]) == 1  # autocast off
+
+
+def test_module_memo_under_autocast_runs_the_own_plan_of_the_cast_operands(monkeypatch):
+    """Note [module memo]: a module on portconv's own kernels (OpenCL here) under autocast keeps the entry of the cast
+    operands under the key of the uncast ones; a matching call casts and runs it, exactly as the full path does."""
+    import portconv
+
+    torch.manual_seed(0)
+    mod = portconv.convert(torch.nn.Conv2d(4, 6, 3, padding=1, groups=2), backend="opencl")
+    x = torch.randn(2, 4, 7, 7, requires_grad=True)
+    calls = _convnd_calls(monkeypatch)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        first = mod(x)
+        assert len(calls) == 1 and mod.__dict__["_pc_memo"].entry is not None  # not ATen's plan: its entry
+        again = [mod(x) for _ in range(3)]
+        assert len(calls) == 1  # the memo
+    assert first.dtype == torch.bfloat16
+    for y in again:
+        torch.testing.assert_close(y, first, rtol=0, atol=0)
+    with torch.autocast("cpu", dtype=torch.float16):  # another autocast dtype: the full path
+        mod(x)
+    assert len(calls) == 2
+    (gx,) = torch.autograd.grad(again[0].float().sum(), x)  # the memo's call is recorded as the full path's
+    (gx_full,) = torch.autograd.grad(first.float().sum(), x)
+    torch.testing.assert_close(gx, gx_full, rtol=0, atol=0)
 
 
 def test_module_memo_is_not_copied_or_pickled():
