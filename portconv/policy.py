@@ -86,13 +86,21 @@ def _channels_last_large_kernel(problem: Problem) -> bool:
     return _depthwise_plain(problem, 2, "channels_last") and all(k >= 13 for k in _kernel(problem))
 
 
+def _channels_last_7x7_float32(problem: Problem) -> bool:
+    """Channels-last 2-D float32 with a kernel of 7 to 12 on both axes (ConvNeXt's 7x7, which torchvision's ConvNeXt
+    runs channels-last in NCHW models too): cuDNN's float32 NHWC weight gradient is slowest there (4.6 ms on
+    convnext-dw7x7-st1-cl against the 'bands' kernels' 0.36 ms); in bfloat16 cuDNN's kernels win."""
+    return (_depthwise_plain(problem, 2, "channels_last") and problem.dtype == "float32"
+            and all(7 <= k < 13 for k in _kernel(problem)))
+
+
 # Note [own kernel wins]
 # portconv's own kernels replace ATen's choice only for a problem class measured faster per call (forward + both
 # gradients, same process as PyTorch, against the faster of PyTorch's default and cudnn.benchmark). Smaller
 # depthwise problems are host-bound: under 1M outputs (mbv2-dw3x3-b1) the own plan measured 0.81x-1.32x per call,
 # so 2-D starts at 1M; 3-D keeps 2M, the smallest 3-D size measured. Each row's evidence is the sum of the three
 # directions' device times on the suite rows it names (docs/performance/h100/depthwise.md); the classes that
-# measured slower stay with ATen (channels-last 2-D 3x3 to 7x7).
+# measured slower stay with ATen (channels-last 2-D 3x3 and 5x5, and 7x7 in 16-bit types).
 OWN_KERNEL_WINS: tuple[OwnKernelWin, ...] = (
     OwnKernelWin(BackendId.CUDA, ("CudaDepthwise2d", "CudaDepthwise3d"), _large_dense_depthwise_3tap,
                  "depthwise 3x3 (>= 1M outputs) / 3x3x3 (>= 2M), stride 1 (or 2 in 2-D), NCHW",
@@ -107,9 +115,14 @@ OWN_KERNEL_WINS: tuple[OwnKernelWin, ...] = (
                  "depthwise kernel >= 5x5 at stride 1 or 5x5 at stride 2, NCHW (>= 1M outputs)",
                  "1.48x-7.9x PyTorch on an H100, effnet-dw5x5, effnet-dw5x5-s2, convnext-dw7x7-st1..st4, "
                  "replk-dw13x13, replk-dw31x31 (float32, bfloat16; docs/performance/h100/depthwise.md)"),
+    OwnKernelWin(BackendId.CUDA, ("Cudnn",), _channels_last_7x7_float32,
+                 "depthwise kernel 7x7 to 12x12, stride 1, channels-last, float32 (>= 1M outputs)",
+                 "3.94x-5.76x PyTorch (cuDNN) on an H100, convnext-dw7x7-st1..st4-cl (float32; "
+                 "docs/performance/h100/depthwise.md)"),
     OwnKernelWin(BackendId.CUDA, ("Cudnn",), _channels_last_large_kernel,
                  "depthwise kernel >= 13x13, stride 1, channels-last (>= 1M outputs)",
-                 "1.20x-3.30x PyTorch (cuDNN) on an H100, replk-dw13x13-cl and replk-dw31x31-cl (float32, bfloat16)"),
+                 "4.37x-52.9x PyTorch (cuDNN) on an H100, replk-dw13x13-cl and replk-dw31x31-cl (float32, bfloat16; "
+                 "docs/performance/h100/depthwise.md)"),
 )
 
 # Where forcing the vendor library measured slower than ATen's own native kernel (the old default did that).

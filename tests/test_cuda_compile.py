@@ -603,6 +603,8 @@ BANDS_CASES = [  # Note [depthwise bands]: NCHW filters with no 3-tap kernel
     EmuCase(2, 2, 3, 6, 8, 4, padding=1, groups=3),  # even filter, multiplier 2: bands forward, rows bwd-data
     EmuCase(2, 1, 4, 4, 10, 5, padding=0, groups=4, layout="strided"),  # no padding, a strided X
     EmuCase(1, 2, 3, 3, 21, 7, padding=3, groups=3),  # 1-D: one filter row
+    EmuCase(2, 2, 4, 4, 9, 5, padding=2, groups=4, layout="chlast"),  # channels-last: strided gathers and stores
+    EmuCase(2, 1, 3, 3, 10, 5, stride=2, padding=2, groups=3, layout="chlast"),  # channels-last phases
 ]
 
 
@@ -706,7 +708,7 @@ def test_depthwise_selection(monkeypatch):
     assert ks(view_(1, k=288), cl=True)["fwd"] == "rows3s1"  # channel multiplier 2: no tile kernel
     assert ks(view_(1, r=5)) == {"fwd": "bands_s1", "bwd_data": "bands_s1", "bwd_weight": "bands_s1"}  # any filter
     assert ks(view_(2, r=5))["fwd"] == ks(view_(2, r=5))["bwd_data"] == "bands_s2"  # Note [bands phases]
-    assert ks(view_(1, r=5), cl=True) == {"fwd": "rows", "bwd_data": "rows", "bwd_weight": "plain"}  # generic strips
+    assert ks(view_(1, r=5), cl=True) == {"fwd": "bands_s1", "bwd_data": "bands_s1", "bwd_weight": "bands_s1"}
     assert ks(view_(1, r=5, k=288))["bwd_data"] == "rows" and ks(view_(1, rank=3, r=5))["fwd"] == "rows"
 
     def v(view__, dtype, cl):  # Note [whole-row strips]

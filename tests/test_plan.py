@@ -103,10 +103,18 @@ def test_measured_depthwise_families_go_to_portconvs_kernels(case, aten, dtype):
     assert prefer[1][0] == BackendId.ATEN
 
 
+@pytest.mark.parametrize("hw,c", [(56, 96), (14, 384)])  # convnext-dw7x7-st1-cl, -st3-cl
+def test_channels_last_7x7_goes_to_portconvs_kernels_in_float32_only(hw, c):
+    case = dict(ishape=(64, c, hw, hw), wshape=(c, 1, 7, 7), padding=3, groups=c, fmt="channels_last")
+    bid, why, _, _ = _first(_problem(dtype="float32", **case))
+    assert bid == BackendId.CUDA and "OWN_KERNEL_WINS" in why and "ATen would run Cudnn" in why
+    assert _first(_problem(dtype="bfloat16", **case))[0] == BackendId.ATEN  # cuDNN's 16-bit NHWC kernels win
+
+
 @pytest.mark.parametrize("case", [  # neighbours of those classes that measured slower (or were not measured)
     dict(ishape=(64, 384, 14, 14), wshape=(384, 1, 7, 7), padding=3, stride=2, groups=384),  # 7x7 stride 2
     dict(ishape=(64, 144, 56, 56), wshape=(144, 1, 5, 5), padding=2, groups=144, fmt="channels_last"),  # -cl
-    dict(ishape=(64, 96, 56, 56), wshape=(96, 1, 7, 7), padding=3, groups=96, fmt="channels_last"),  # st1-cl
+    dict(ishape=(64, 144, 56, 56), wshape=(144, 1, 5, 5), padding=2, groups=144, fmt="channels_last"),  # 5x5-cl
     dict(ishape=(8, 54, 16, 56, 56), wshape=(54, 1, 3, 3, 3), padding=1, stride=2, groups=54, fmt="channels_last"),
     dict(ishape=(1, 1024, 7, 7), wshape=(1024, 1, 13, 13), padding=6, groups=1024),  # 50K outputs: host-bound
 ])
