@@ -425,8 +425,8 @@ def test_depthwise_rule_kernels_on_cpu(emu_backend, case, monkeypatch):
     assert tap3 or {"portconv_depthwise_fwd_rows", "portconv_depthwise_bwd_data_rows"} <= names, names
     if case.kernel == 5:  # 5x5 taps, dilation 2: the per-element weight gradient
         assert want_w == "plain"
-    if case.rank == 1:  # 1-D: Note [depthwise bands]
-        assert want_w == "bands_s1"
+    if case.rank == 1:  # 1-D: one filter row, no 'bands' (Note [depthwise bands])
+        assert want_w == "plain"
 
 
 NARROW_CASES = [  # Note [narrow backward-data]: C_in <= igemm.NARROW_C, K >= igemm.NARROW_K, 2+ taps
@@ -602,7 +602,6 @@ BANDS_CASES = [  # Note [depthwise bands]: NCHW filters with no 3-tap kernel
     EmuCase(2, 1, 2, 2, 10, 7, stride=2, padding=1, groups=2),  # 7 taps, padding 1: sub-filters of 4 and 3
     EmuCase(2, 2, 3, 6, 8, 4, padding=1, groups=3),  # even filter, multiplier 2: bands forward, rows bwd-data
     EmuCase(2, 1, 4, 4, 10, 5, padding=0, groups=4, layout="strided"),  # no padding, a strided X
-    EmuCase(1, 2, 3, 3, 21, 7, padding=3, groups=3),  # 1-D: one filter row
     EmuCase(2, 2, 4, 4, 9, 5, padding=2, groups=4, layout="chlast"),  # channels-last: strided gathers and stores
     EmuCase(2, 1, 3, 3, 10, 5, stride=2, padding=2, groups=3, layout="chlast"),  # channels-last phases
 ]
@@ -710,6 +709,8 @@ def test_depthwise_selection(monkeypatch):
     assert ks(view_(2, r=5))["fwd"] == ks(view_(2, r=5))["bwd_data"] == "bands_s2"  # Note [bands phases]
     assert ks(view_(1, r=5), cl=True) == {"fwd": "bands_s1", "bwd_data": "bands_s1", "bwd_weight": "bands_s1"}
     assert ks(view_(1, r=5, k=288))["bwd_data"] == "rows" and ks(view_(1, rank=3, r=5))["fwd"] == "rows"
+    assert ks(view_(1, rank=1, r=7)) == ks(dataclasses.replace(view_(1), R=(1, 1, 1))) == {
+        "fwd": "rows", "bwd_data": "rows", "bwd_weight": "plain"}  # 1-D, 1x1: no filter rows for a column
 
     def v(view__, dtype, cl):  # Note [whole-row strips]
         return depthwise.dw_v(view__, dtype, cl, ks(view__, cl=cl))

@@ -152,16 +152,16 @@ def depthwise_kernels(view: ConvView, cl: bool = False, dtype: str = "float32") 
     small = max(view.X[1] * view.X[2], view.Y[1] * view.Y[2]) <= DWP_PLANE and r0 == 1 and view.X[0] == 1
     if plane and s2 == 1 and not cl and small and fwd == "rows3s1":  # Note [depthwise planes]
         fwd = bwd_data = "planes"
-    # Note [depthwise bands]: 2-D / 1-D views with no 3-tap kernel, dilation 1 along the rows (any layout: staging
-    # gathers and result stores follow the strides)
-    bands = view.X[0] == 1 and r0 == 1 and view.DL[1] == 1 and fwd == "rows"
+    # Note [depthwise bands]: 2-D views with no 3-tap kernel, filters of 2+ taps on both axes (a thread's column and
+    # the weight gradient's tasks need filter rows; 1-D and 1-tap filters stay on 'rows' and 'plain'), dilation 1
+    # along the rows (any layout: staging gathers and result stores follow the strides)
+    bands = view.X[0] == 1 and r0 == 1 and r1 >= 2 and r2 >= 2 and view.DL[1] == 1 and fwd == "rows"
     if bands and s1 in (1, 2) and dw_bands(view, "fwd", dtype):
         fwd = f"bands_s{s1}"
     phases = s1 == s2 == 2 and view.DL[2] == 1  # Note [bands phases]
     if bands and (s1 == s2 == 1 or phases) and view.K == view.C and dw_bands(view, "bwd_data", dtype):
         bwd_data = f"bands_s{s1}"
-    if (view.X[0] == 1 and r0 == 1 and d2 == 1 and s2 in (1, 2) and bwd_weight == "plain"
-            and dwb_wgeometry(view, dtype)):
+    if bands and d2 == 1 and s2 in (1, 2) and bwd_weight == "plain" and dwb_wgeometry(view, dtype):
         bwd_weight = f"bands_s{s2}"
     return {"fwd": fwd, "bwd_data": bwd_data, "bwd_weight": bwd_weight}
 
