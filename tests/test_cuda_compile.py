@@ -18,7 +18,7 @@ import torch
 from emu import EmuKernels, EmuLoader
 from gpu_refs import reference
 
-from portconv import backends
+from portconv import backends, dwbands
 from portconv.backends import BackendId
 from portconv.backends.simt import depthwise, hip, igemm, select, view
 from portconv.backends.simt.compile import inline_source
@@ -635,26 +635,27 @@ def test_depthwise_bands_geometry():
         y = (hw + 2 * (r // 2) - r) // s + 1
         return ConvView(n, c, c, c, (1, hw, hw), (1, y, y), (1, r, r), (1, s, s), (0, r // 2, r // 2), (1, 1, 1))
 
-    assert [depthwise.dwb_ch(r) for r in (1, 5, 7, 8, 9, 13, 31)] == [1, 5, 7, 8, 5, 7, 8]
+    assert [dwbands.dwb_ch(r) for r in (1, 5, 7, 8, 9, 13, 31)] == [1, 5, 7, 8, 5, 7, 8]
     st1 = view_(56, 7)  # G = 4 row groups of 8: bands of 32 rows; 38 x 62 staged + 7 x 7 weights
-    assert depthwise.dw_bands(st1, "fwd", "float32") == (1, 2, (38 * 62 + 49) * 4)
-    assert depthwise.dw_bands(view_(14, 7), "fwd", "float32") == (9, 1, 9 * (22 * 20 + 49) * 4)
-    assert depthwise.dw_bands(view_(56, 5, s=2), "fwd", "bfloat16") == (2, 1, 2 * (67 * 59 + 25) * 4)
-    assert depthwise.dw_bands(view_(56, 5, s=2), "bwd_data", "float32")[:2] == (2, 1)  # 4 phases of 28 x 28
-    assert depthwise.dwb_phases(view_(56, 5, s=2), "bwd_data") == [((28, 3), (28, 3)), ((28, 3), (28, 2)),
+    assert dwbands.dw_bands(st1, "fwd", "float32") == (1, 2, (38 * 62 + 49) * 4)
+    assert dwbands.dw_bands(view_(14, 7), "fwd", "float32") == (9, 1, 9 * (22 * 20 + 49) * 4)
+    assert dwbands.dw_bands(view_(56, 5, s=2), "fwd", "bfloat16") == (2, 1, 2 * (67 * 59 + 25) * 4)
+    assert dwbands.dw_bands(view_(56, 5, s=2), "bwd_data", "float32")[:2] == (2, 1)  # 4 phases of 28 x 28
+    assert dwbands.dwb_phases(view_(56, 5, s=2), "bwd_data") == [((28, 3), (28, 3)), ((28, 3), (28, 2)),
                                                                    ((28, 2), (28, 3)), ((28, 2), (28, 2))]
-    assert depthwise.dwb_step(view_(56, 5, s=2), "bwd_data") == 3 and depthwise.dwb_step(view_(56, 5), "fwd") == 5
-    assert depthwise.dwb_vh(view_(56, 31)) == 16 and depthwise.dwb_vh(view_(56, 7)) == 8  # tall filters: 16 rows
-    assert depthwise.dw_bands(view_(56, 31), "fwd", "float32") == (1, 1, (95 * 86 + 32 * 31) * 4)  # 4 groups of 16
-    assert depthwise.dw_bands(view_(56, 31), "fwd", "float64") is None  # 73 KB a plane
-    r13 = depthwise.dw_bands(view_(7, 13, n=32, c=1024), "fwd", "float32")  # 7 rows: 8 a thread
+    assert dwbands.dwb_step(view_(56, 5, s=2), "bwd_data") == 3 and dwbands.dwb_step(view_(56, 5), "fwd") == 5
+    assert dwbands.THREADS == view.THREADS  # one group size for every bands launch
+    assert dwbands.dwb_vh(view_(56, 31)) == 16 and dwbands.dwb_vh(view_(56, 7)) == 8  # tall filters: 16 rows
+    assert dwbands.dw_bands(view_(56, 31), "fwd", "float32") == (1, 1, (95 * 86 + 32 * 31) * 4)  # 4 groups of 16
+    assert dwbands.dw_bands(view_(56, 31), "fwd", "float64") is None  # 73 KB a plane
+    r13 = dwbands.dw_bands(view_(7, 13, n=32, c=1024), "fwd", "float32")  # 7 rows: 8 a thread
     assert r13 == (21, 1, 21 * (21 * 19 + 14 * 13) * 4)  # shared memory, not threads (36), limits the planes
-    assert depthwise.dw_bands(dataclasses.replace(st1, X=(1, 300, 300), Y=(1, 300, 300)), "fwd", "float32") is None
+    assert dwbands.dw_bands(dataclasses.replace(st1, X=(1, 300, 300), Y=(1, 300, 300)), "fwd", "float32") is None
     src = (pathlib.Path(__file__).resolve().parents[1] / "cuda" / "conv_depthwise_bands.cuh").read_text()
     d = {k: int(v) for k, v in re.findall(r"#define (PC_DWB_\w+) +(\d+)", src)}
     assert (d["PC_DWB_VH"], d["PC_DWB_U"], d["PC_DWB_ROWS"], d["PC_DWB_MAX"]) == (
-        depthwise.DWB_VH, depthwise.DWB_U, depthwise.DWB_ROWS, depthwise.DWB_MAX_BYTES)  # the kernel's own sizes
-    wg = depthwise.dwb_wgeometry  # weight gradient: units of about DWB_ROWS positions
+        dwbands.DWB_VH, dwbands.DWB_U, dwbands.DWB_ROWS, dwbands.DWB_MAX_BYTES)  # the kernel's own sizes
+    wg = dwbands.dwb_wgeometry  # weight gradient: units of about DWB_ROWS positions
     assert wg(st1, "float32") == (1, 2, (42 * 62 + 36 * 56) * 4)  # 36-row bands of 56 (8-column runs)
     assert wg(view_(14, 7), "float32") == (9, 1, 9 * (20 * 22 + 14 * 16) * 4)  # 9 planes of 14 rows
     assert wg(view_(7, 13, n=32, c=1024), "float32") == (27, 1, 27 * (19 * 21 + 7 * 8) * 4)  # as many as fit

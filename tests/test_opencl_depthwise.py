@@ -68,7 +68,7 @@ def test_depthwise_kernels_edge_shapes(edge, dt):
 @pytest.mark.parametrize("why,kw,reason", [
     ("channels-last", dict(fmt="channels_last"), "channels_last"),
     ("float16", dict(dtype=torch.float16), "float16"),
-    ("7x7", dict(k=(7, 7), padding=3), None),
+    ("1x7", dict(k=(1, 7), padding=(0, 3)), None),  # one filter row: no bands kernel (Note [depthwise bands])
 ])
 def test_depthwise_outside_the_specialised_set_runs_the_generic_kernels(why, kw, reason):
     args = dict(shape=(3, 10, 12), k=(3, 3), padding=1)
@@ -81,6 +81,37 @@ def test_depthwise_outside_the_specialised_set_runs_the_generic_kernels(why, kw,
     if reason:
         assert reason in plan.reason
     assert launched.get("fwd") == 1 and not launched.get("dw_fwd"), launched
+
+
+BANDS_EDGES = [  # Note [depthwise bands] (opencl/bands.cl): (id, shape (C, *spatial), kernel, stride, padding, mult, n)
+    ("7x7-11x11", (4, 11, 11), (7, 7), 1, 3, 1, 2),
+    ("5x5-stride2-phases", (3, 12, 13), (5, 5), 2, 2, 1, 2),  # channels-last only (NCHW 5x5: depthwise.cl)
+    ("4x4-even-mult2", (3, 9, 10), (4, 4), 1, 1, 2, 1),  # backward-data: generic (multiplier 2)
+    ("13x13-11x11", (2, 11, 11), (13, 13), 1, 6, 1, 2),  # 13 filter rows in steps of 7 (one zero row)
+    ("7x7-48x48-bands", (2, 48, 48), (7, 7), 1, 3, 1, 3),  # bands of 40 rows; split weight gradient
+]
+
+
+@pytest.mark.parametrize("dt", ["f32", "f64", "bf16", "f16"])
+@pytest.mark.parametrize("edge,fmt", [(e, f) for e in BANDS_EDGES for f in ("contiguous", "channels_last")
+                                      if e[2] != (5, 5) or f == "channels_last"], ids=lambda v: v if isinstance(v, str)
+                         else v[0])
+def test_depthwise_bands_kernels(edge, fmt, dt):
+    """Filters with no vectorised program (7x7, 13x13, even) in either layout, and the channels-last 5x5 stride 2
+    (four backward-data phases), run bands_fwd/bwd_data/bwd_weight and match float64; where the CUDA set's rule
+    takes a direction (multiplier 1 for backward-data), so does this one."""
+    _, shape, k, stride, padding, mult, n = edge
+    dtype = {**DTYPES, "f16": torch.float16}[dt]
+    x, w, b, p = dw_case(shape, k, stride, padding, mult, n, dtype, fmt=fmt)
+    plan = opencl_plan(x, w, b, p)
+    names = [f"bands_{d}_s{stride}" for d in ("fwd", "bwd_data", "bwd_weight")] + ["bands_finalize", "bwd_data"]
+    launched = run_all(plan, x, w, b, p, dtype, names, go_like_y=True)
+    assert plan.algorithm == "depthwise" and "bands kernels" in plan.reason, plan.reason
+    assert launched.get(f"bands_fwd_s{stride}") == 1 and launched.get(f"bands_bwd_weight_s{stride}") == 1, launched
+    assert launched.get(f"bands_bwd_data_s{stride}", 0) == int(mult == 1), launched
+    assert launched.get("bwd_data", 0) == int(mult != 1), launched  # conv.cl's generic backward-data
+    if shape[1] == 48:  # two bands a plane, 3 samples: units enough for splits on any device here
+        assert launched.get("bands_finalize", 0) == 1, launched
 
 
 DW_CL_EDGES = [  # Note [channels-last depthwise]: (id, shape (C, *spatial), kernel, stride, padding, batch)

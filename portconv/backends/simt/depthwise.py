@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+from ...dwbands import DWB_STEP, bands_kernels, dw_bands, dwb_ch, dwb_phases, dwb_step, dwb_vh, dwb_wgeometry
 from ...problem import ConvView
 from . import view as V
 from .view import THREADS, Launches, Operand
@@ -41,92 +42,6 @@ DWP_BLOCKS = {2: 5, 4: 6, 8: 4}  # 0: a block a chunk
 DWP_SM_BYTES = {"sm_90": 233472, "sm_100": 233472, "sm_80": 167936, "sm_87": 167936}  # shared memory an SM (grids)
 DWP_SM_BYTES_OTHER = 102400  # other NVIDIA GPUs; AMD GPUs: 65536 (an LDS)
 DIRECTIONS = ("fwd", "bwd_data", "bwd_weight")
-# Note [depthwise bands] (cuda/conv_depthwise_bands.cuh): NCHW fwd / bwd-data of filters the 3-tap kernels do not
-# take, a band of output rows of P planes staged in shared memory, DWB_VH output rows a thread (PC_DWB_VH). A block
-# takes as many whole planes as its THREADS columns and DWB_MAX_BYTES allow; the module's shared memory
-# (PC_DWB_BYTES) is the larger direction's need in DWB_STEP steps.
-DWB_VH, DWB_MAX_BYTES, DWB_STEP = 8, 49152, 8192
-DWB_VH_TALL, DWB_TALL_ROWS = 16, 13  # filters of 13+ rows on planes of 32+ rows: 16 output rows a thread (H100,
-# replk-dw31x31 forward 1.28x over 8; ConvNeXt's 7x7 and EfficientNet's 5x5 stride 2 are slower with 16)
-
-
-def dwb_ch(r1: int) -> int:
-    """PC_DWB_CH: filter rows a step of the 'bands' kernels: all of them up to 8, else the step of 5 to 8 that pads
-    them least (the largest of equals)."""
-    return r1 if r1 <= 8 else min(range(8, 4, -1), key=lambda c: -(-r1 // c) * c)
-
-
-def dwb_vh(view: ConvView) -> int:
-    """PC_DWB_VH: output rows a thread of the 'bands' fwd / bwd-data kernels."""
-    return DWB_VH_TALL if view.R[1] >= DWB_TALL_ROWS and min(view.X[1], view.Y[1]) >= 2 * DWB_VH_TALL else DWB_VH
-
-
-def dwb_phases(view: ConvView, direction: str) -> list[tuple[tuple[int, int], tuple[int, int]]]:
-    """((D1, R1), (D2, R2)) of each result a 'bands' launch forms (its grid y): the forward's Y, backward-data's X at
-    stride 1, or at stride 2 the four parities of X with their sub-filters (Note [bands phases]; pc_dwb_axis_of)."""
-    if direction == "fwd":
-        return [((view.Y[1], view.R[1]), (view.Y[2], view.R[2]))]
-    if view.S[1] == 1:
-        return [((view.X[1], view.R[1]), (view.X[2], view.R[2]))]
-
-    def axis(i, ph):
-        rmax = view.R[i] - 1 - (view.R[i] - 1 - ph - view.P[i]) % 2
-        return (view.X[i] - ph + 1) // 2, rmax // 2 + 1 if rmax >= 0 else 0
-
-    return [(axis(1, ph >> 1), axis(2, ph & 1)) for ph in range(4)]
-
-
-def dwb_step(view: ConvView, direction: str) -> int:
-    """PC_DWB_CH (forward, stride-1 backward-data) or PC_DWB_CHP (the stride-2 phases): filter rows a step."""
-    return dwb_ch(max(r1 for (_, r1), _ in dwb_phases(view, direction)))
-
-
-def dw_bands(view: ConvView, direction: str, dtype: str) -> tuple[int, int, int] | None:
-    """(planes a block, bands a plane (the most of any phase), shared bytes) of the 'bands' kernel in a direction
-    (Note [depthwise bands]), None where a result row is wider than a block or one plane's band needs more than
-    DWB_MAX_BYTES."""
-    s, s2 = (view.S[1], view.S[2]) if direction == "fwd" else (1, 1)
-    dl2 = view.DL[2] if direction == "fwd" or view.S[1] == 1 else 1
-    vh, ch, item = dwb_vh(view), dwb_step(view, direction), 8 if dtype == "float64" else 4
-    planes, bands, per = THREADS, 1, 0
-    for (d1, r1), (d2, r2) in dwb_phases(view, direction):
-        if d1 <= 0 or d2 <= 0:
-            continue
-        if d2 > THREADS:
-            return None
-        g, gp = THREADS // d2, -(-d1 // vh)
-        th = d1 if gp <= g else g * vh
-        r1c = -(-r1 // ch) * ch
-        rows, cols = (-(-th // vh) * vh - 1) * s + r1c, (d2 - 1) * s2 + max(r2 - 1, 0) * dl2 + 1
-        one = (rows * cols + r1c * r2) * item
-        if one > DWB_MAX_BYTES:
-            return None
-        planes, bands, per = min(planes, g // gp if gp <= g else 1, DWB_MAX_BYTES // one), max(bands, -(-d1 // th)), \
-            max(per, one)
-    return planes, bands, planes * per
-
-
-DWB_U, DWB_ROWS = 8, 2048  # PC_DWB_U: output columns a step of the weight gradient; positions a unit about
-
-
-def dwb_wgeometry(view: ConvView, dtype: str) -> tuple[int, int, int] | None:
-    """(planes a unit, bands a plane, shared bytes) of the 'bands' weight gradient (Note [depthwise bands]), None
-    where its staged unit needs more than DWB_MAX_BYTES or its tasks (filter rows x tap runs) exceed a block."""
-    d1, d2, r1, r2, n = view.Y[1], view.Y[2], view.R[1], view.R[2], view.N
-    d2c, tw = -(-d2 // DWB_U) * DWB_U, dwb_ch(r2)
-    rb = max(1, DWB_ROWS // d2c)
-    th = min(d1, rb)
-    p = min(rb // d1, n) if th == d1 else 1
-    rows_x = (th - 1) * view.S[1] + (r1 - 1) * view.DL[1] + 1
-    cols_x = (d2c - 1) * view.S[2] + -(-r2 // tw) * tw
-    item, per = (8 if dtype == "float64" else 4), rows_x * cols_x + th * d2c
-    p = min(p, DWB_MAX_BYTES // (per * item))  # shared memory may hold fewer planes
-    need = max(p * per, THREADS * tw) * item
-    if p == 0 or need > DWB_MAX_BYTES or r1 * -(-r2 // tw) > THREADS:
-        return None
-    return p, -(-d1 // th), need
-
-
 def depthwise_kernels(view: ConvView, cl: bool = False, dtype: str = "float32") -> dict[str, str]:
     """The depthwise kernel suffix per view direction ('plain': the per-element weight gradient of
     cuda/conv_depthwise.cuh); ``cl``: channels-last results. Pure in the view, the layout and the dtype."""
@@ -152,17 +67,7 @@ def depthwise_kernels(view: ConvView, cl: bool = False, dtype: str = "float32") 
     small = max(view.X[1] * view.X[2], view.Y[1] * view.Y[2]) <= DWP_PLANE and r0 == 1 and view.X[0] == 1
     if plane and s2 == 1 and not cl and small and fwd == "rows3s1":  # Note [depthwise planes]
         fwd = bwd_data = "planes"
-    # Note [depthwise bands]: 2-D views with no 3-tap kernel, filters of 2+ taps on both axes (a thread's column and
-    # the weight gradient's tasks need filter rows; 1-D and 1-tap filters stay on 'rows' and 'plain'), dilation 1
-    # along the rows (any layout: staging gathers and result stores follow the strides)
-    bands = view.X[0] == 1 and r0 == 1 and r1 >= 2 and r2 >= 2 and view.DL[1] == 1 and fwd == "rows"
-    if bands and s1 in (1, 2) and dw_bands(view, "fwd", dtype):
-        fwd = f"bands_s{s1}"
-    phases = s1 == s2 == 2 and view.DL[2] == 1  # Note [bands phases]
-    if bands and (s1 == s2 == 1 or phases) and view.K == view.C and dw_bands(view, "bwd_data", dtype):
-        bwd_data = f"bands_s{s1}"
-    if bands and d2 == 1 and s2 in (1, 2) and bwd_weight == "plain" and dwb_wgeometry(view, dtype):
-        bwd_weight = f"bands_s{s2}"
+    fwd, bwd_data, bwd_weight = (b or k for b, k in zip(bands_kernels(view, dtype), (fwd, bwd_data, bwd_weight)))
     return {"fwd": fwd, "bwd_data": bwd_data, "bwd_weight": bwd_weight}
 
 

@@ -1,0 +1,114 @@
+"""The depthwise 'bands' kernels (opencl/bands.cl): when they apply, their launches.
+
+Note [depthwise bands] in OpenCL: the geometry and the rule are the CUDA set's (portconv/dwbands.py, pure functions of
+the view), so both sets stage the same bands and take the same problems: 2-D depthwise filters of 2+ taps on both axes
+that no 3-tap kernel takes, dilation 1 along the rows, either layout. Here they run where opencl/depthwise.cl's
+vectorised kernels do not (its kernel sizes are compile-time: 3, 3x3, 3x3x3, 5x5), ahead of conv.cl's generic kernels.
+"""
+from __future__ import annotations
+
+import math
+
+from ... import dwbands as geometry
+from ...dwbands import THREADS
+from ..program import Bind, Buffer
+from .kernels import Ctx, Operand, Part, bias_bind, bias_fields, desc, make_launch
+
+SOURCE = "bands.cl"
+
+
+def _kernels(view, fmt: str, dtype: str) -> dict[str, str]:
+    """The bands kernel per direction ('' where they do not run; the layout does not matter to them)."""
+    ks = geometry.bands_kernels(view, dtype) if view.depthwise else ("", "", "")
+    return dict(zip(("fwd", "bwd_data", "bwd_weight"), ks))
+
+
+def takes(view, fmt: str, dtype: str) -> bool:
+    """Some direction of this depthwise view runs the bands kernels."""
+    return any(_kernels(view, fmt, dtype).values())
+
+
+def _defines(ctx: Ctx) -> dict:
+    """The module of a view: its filter steps, rows a work-item and local array (the largest need of the directions
+    the bands kernels take, in DWB_STEP steps, as the CUDA set's PC_DWB_BYTES)."""
+    v, ks = ctx.view, _kernels(ctx.view, ctx.fmt, ctx.dtype)
+    need = [geometry.dw_bands(v, d, ctx.dtype)[2] for d in ("fwd", "bwd_data") if ks[d]]
+    need += [geometry.dwb_wgeometry(v, ctx.dtype)[2]] if ks["bwd_weight"] else []
+    step = geometry.DWB_STEP
+    return {"DEPTHWISE": "", "BANDS_VH": geometry.dwb_vh(v), "BANDS_CH": geometry.dwb_step(v, "fwd"),
+            "BANDS_CHP": geometry.dwb_step(v, "bwd_data"), "BANDS_TW": geometry.dwb_ch(v.R[2]),
+            "BANDS_LOCAL": -(-max(need, default=step) // step) * step}
+
+
+def _launch(ctx: Ctx, kernel: str, grid, block, args, binds, ops, extra: int = 0):
+    """The launch, or why it cannot run (a compiled kernel allowing fewer work-items than ``block``)."""
+    groups = math.prod(-(-g // b) * b for g, b in zip(grid, block))
+    mod = ctx.module(SOURCE, ctx.idx64(groups, *ops, extra=extra), _defines(ctx))
+    if ctx.limit(mod, kernel) < math.prod(block):
+        return f"{kernel} needs {math.prod(block)}-item work-groups, the device allows {ctx.limit(mod, kernel)}"
+    return make_launch(mod, kernel, grid, block, args, binds)
+
+
+def _part(summary: str, *launches) -> tuple[Part | None, list[str]]:
+    bad = [x for x in launches if isinstance(x, str)]
+    return (None, [f"bands kernels not used: {bad[0]}"]) if bad else (Part(summary, [], list(launches)), [])
+
+
+def _spatial(ctx: Ctx, direction: str, src: Operand, w: Operand, dst: Operand, bias: Operand | None):
+    kernel = _kernels(ctx.view, ctx.fmt, ctx.dtype)[direction]
+    if not kernel or (direction == "bwd_data" and bias is not None):
+        return None, []
+    v = ctx.view
+    planes, bands, _ = geometry.dw_bands(v, direction, ctx.dtype)
+    phases = len(geometry.dwb_phases(v, direction))
+    results = v.N * (v.K if direction == "fwd" else v.C)
+    x, y = (src, dst) if direction == "fwd" else (dst, src)
+    args = desc(v, xs=x.strides5, ws=w.strides5, ys=y.strides5, red=planes, total=results, **bias_fields(bias))
+    so, do = ("xo", "yo") if direction == "fwd" else ("yo", "xo")
+    binds = (src.bind(1, so), w.bind(2, "wo"), bias_bind(bias, 3), dst.bind(4, do))
+    name = f"bands_{direction}_{kernel.removeprefix('bands_')}"
+    launch = _launch(ctx, name, (-(-results // planes) * bands * THREADS, phases), (THREADS, 1), args, binds,
+                     (x, w, y))
+    return _part(f"{name} (opencl/bands.cl): {planes} plane(s) a group, {bands} band(s) a plane, "
+                 f"{geometry.dwb_vh(v)} rows an item", launch)
+
+
+def fwd(ctx: Ctx, x: Operand, w: Operand, y: Operand, bias: Operand | None) -> tuple[Part | None, list[str]]:
+    return _spatial(ctx, "fwd", x, w, y, bias)
+
+
+def bwd_data(ctx: Ctx, y: Operand, w: Operand, x: Operand, bias: Operand | None) -> tuple[Part | None, list[str]]:
+    return _spatial(ctx, "bwd_data", y, w, x, bias)
+
+
+def bwd_weight(ctx: Ctx, x: Operand, y: Operand, w: Operand) -> tuple[Part | None, list[str]]:
+    """A work-group per (channel, split) over units of staged rows; several splits add in split order
+    (bands_finalize). Splits: about 4 work-groups per compute unit, as the CUDA set's."""
+    kernel = _kernels(ctx.view, ctx.fmt, ctx.dtype)["bwd_weight"]
+    if not kernel:
+        return None, []
+    v = ctx.view
+    planes, bands, _ = geometry.dwb_wgeometry(v, ctx.dtype)
+    work = -(-v.N // planes) * bands
+    splits = max(1, min(-(-4 * max(1, ctx.device.compute_units) // v.K), work))
+    chunk = -(-work // splits)
+    splits = -(-work // chunk)
+    taps = v.R[1] * v.R[2]
+    part_elems = v.K * splits * taps if splits > 1 else 0
+    strides = dict(xs=x.strides5, ws=w.strides5, ys=y.strides5)
+    name = f"bands_bwd_weight_{kernel.removeprefix('bands_')}"
+    ws = Bind(4, "partials") if splits > 1 else Bind(4, "dummy")
+    launch = _launch(ctx, name, (v.K * THREADS, splits), (THREADS, 1), desc(v, red=chunk, total=splits, **strides),
+                     (x.bind(1, "xo"), y.bind(2, "yo"), w.bind(3, "wo"), ws), (x, w, y), part_elems)
+    summary = (f"{name} (opencl/bands.cl): a group a (channel, split), {splits} split(s) of {chunk} unit(s) "
+               f"of {planes} plane(s)")
+    if splits == 1:
+        return _part(summary, launch)
+    fin = desc(v, ws=w.strides5, total=v.K * taps, red=splits)
+    mod = ctx.module(SOURCE, ctx.idx64(v.K * taps, w, extra=part_elems), _defines(ctx))
+    ls = max(1, min(64, ctx.limit(mod, "bands_finalize")))
+    finalize = make_launch(mod, "bands_finalize", (v.K * taps,), (ls,), fin, (Bind(1, "partials"), w.bind(2, "wo")))
+    out, why = _part(summary, launch, finalize)
+    if out is not None:
+        out.buffers.append(Buffer("partials", (part_elems,), (1,), ctx.acc_dtype))
+    return out, why
