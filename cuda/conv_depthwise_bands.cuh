@@ -1,4 +1,5 @@
-/* portconv kernel bodies: depthwise "bands" kernels, any filter on NCHW planes staged in shared memory.
+/* portconv kernel bodies: depthwise "bands" kernels, any 2-D filter in either layout, a band of rows staged in shared
+ * memory.
  *
  * Note [depthwise bands]: the 'rows' kernels' generic strip loop (any filter that is not 3 taps along the last
  * axis) reads every source element once per product through L1, with a bounds test each. Here a block stages the
@@ -8,16 +9,19 @@
  * column and forms VH x CH products, with no bounds test. Lanes take consecutive output columns, so their shared
  * reads fall in consecutive banks (stride 1 along the row). The filter's rows are padded to a multiple of CH with
  * zero weights (R1c rows), and the staged rows cover every row those reach, so no product reads outside its plane.
+ * Staging and stores follow the tensors' strides: coalesced along NCHW rows, a gather for channels-last data.
  *
- * Geometry (dwb_geometry of portconv/backends/simt/depthwise.py mirrors it, and sizes PC_DWB_BYTES):
+ * Geometry (portconv/dwbands.py computes the same, for grids and PC_DWB_BYTES, and decides where these kernels run):
  *   G = THREADS / D2 row groups a plane (D2 <= THREADS), gp = ceil(D1 / VH) groups a whole plane;
  *   gp <= G: a band is the whole plane (TH = D1), P planes a block (a.chunk, at most G / gp);
  *   else a band is TH = G * VH rows of one plane (a.chunk = 1);
  *   rows staged = (ceil(TH / VH) * VH - 1) * S + R1c, columns = (D2 - 1) * S2 + (R2 - 1) * DL2 + 1.
  * Forward: any stride (S = S1 in {1, 2} at compile time, S2 at run time), dilation 1 along the rows, any along the
- * columns, any padding, channel multiplier m (output channel k reads input channel k / m). Backward-data with
- * stride 1 and m = 1 is the same correlation over dY with the filter flipped and padding (R - 1) * DL - P (FLIP).
- * 2-D and 1-D views (axis 0 of the view has extent 1). Results are written once each, coalesced along the row.
+ * columns, any padding, channel multiplier m (output channel k reads input channel k / m). Backward-data (m = 1) at
+ * stride 1 is the same correlation over dY with the filter flipped and padding (R - 1) * DL - P (FLIP 1); at stride 2
+ * in four phases (FLIP 2, Note [bands phases]). 2-D views (axis 0 of extent 1) with filters of 2+ taps on both axes.
+ * A block returns before its barrier only where every thread of it does (a phase past a 1-wide dX, blocks past the
+ * last plane); the OpenCL form (opencl/bands.cl) returns after its barrier only.
  */
 #pragma once
 

@@ -97,9 +97,9 @@ def dwb_wgeometry(view: ConvView, dtype: str) -> tuple[int, int, int] | None:
 
 def bands_kernels(view: ConvView, dtype: str) -> tuple[str, str, str]:
     """The bands kernel per direction (fwd, bwd_data, bwd_weight), '' where they do not run: 2-D depthwise views
-    with no 3-tap kernel along the rows (those have kernels of their own), filters of 2+ taps on both axes (a
-    thread's column and the weight gradient's tasks need filter rows; 1-D and 1-tap filters do not), dilation 1
-    along the rows, any layout (staging gathers and result stores follow the strides), where a band fits.
+    whose last axis is not 3 taps of dilation 1 (the rows3 / tile / planes kernels take those), filters of 2+ taps on
+    both axes (a thread's column and the weight gradient's tasks need filter rows; 1-D and 1-tap filters do not),
+    dilation 1 along the rows, any layout (staging gathers and result stores follow the strides), where a band fits.
     Backward-data needs multiplier 1, and stride 1, or stride 2 in both axes with dilation 1 (Note [bands phases]);
     the weight gradient dilation 1 along the columns and their stride 1 or 2."""
     r0, r1, r2 = view.R
