@@ -214,7 +214,8 @@ def _convolution_backward_fake(grad_output, input, weight, bias_sizes, stride, p
 # --- Inductor: ATen's plans as ATen's ops (Note [ATen's plans in compiled graphs]) --------------------------------
 # Note [ATen's plans in compiled graphs]
 # Inductor compiles a portconv op as ATen's own op where portconv's plan is ATen's, recorded by ATen
-# (Plan.aten_autograd), and wherever the backend was not forced (backend=, use_backend, PORTCONV_BACKEND): a
+# (Plan.aten_autograd), and wherever the backend was not forced (backend=, use_backend, PORTCONV_BACKEND) but for
+# the OWN_KERNEL_WINS rows measured faster compiled too (Note [own kernel wins compiled], Plan.keeps_ops): a
 # decomposition, which Inductor's graph tracing applies after autograd, turns portconv::convolution into
 # aten.convolution and portconv::convolution_backward into aten.convolution_backward with the same arguments (what
 # the aten runner calls). Inductor then lowers them as it lowers PyTorch's own convolution: its layout optimisation
@@ -222,7 +223,9 @@ def _convolution_backward_fake(grad_output, input, weight, bias_sizes, stride, p
 # (tens of microseconds a call) stays in the graph. Why automatic plans go to ATen there (H100, torch 2.11, training
 # step, PyTorch compiled against converted compiled): mobilenet_v2 float32 with its depthwise convolutions as portconv
 # ops ran 0.73x, its GPU time 13% above PyTorch's (fusions split around the ops, NCHW depthwise against cuDNN's NHWC)
-# and its host time 28% above; resnet50, all ATen's plans, 1.00x. A forced backend keeps its ops. The decision is
+# and its host time 28% above; resnet50, all ATen's plans, 1.00x. A forced backend keeps its ops, and so do the
+# rows with compiled evidence (convnext_tiny float32 compiled with its channels-last 7x7 depthwise convolutions as
+# portconv ops: 2.00x PyTorch's compiled step). The decision is
 # made as the fake kernels make a plan, from the operands' specs and portconv's context at compile time; with a
 # symbolic size the op stays and plans at run time. The dynamo graph, make_fx and export keep the portconv ops
 # (Note [custom ops]): only Inductor's table holds the decompositions, registered when a fake kernel first runs (the

@@ -70,6 +70,7 @@ class Plan:
     options: Options = knobs.DEFAULT_OPTIONS
     kernels: tuple[KernelPlan, ...] = ()  # what runs, for the layouts the problem implies (Note [programs])
     aten_autograd: bool = False  # eager autograd records forward's ATen calls (Note [ATen-recorded plans])
+    keeps_ops: bool = False  # unforced, yet Inductor keeps its ops (Note [own kernel wins compiled])
     runner: Runner | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def forward(self, input, weight, bias=None):
@@ -82,8 +83,8 @@ class Plan:
     @property
     def compiled_as_aten(self) -> bool:
         """Inductor compiles this plan's calls as ATen's own convolution (Note [ATen's plans in compiled graphs]):
-        a plan ATen records, or any plan of an unforced call."""
-        return self.aten_autograd or not self.forced
+        a plan ATen records, or any plan of an unforced call but those of Note [own kernel wins compiled]."""
+        return self.aten_autograd or not (self.forced or self.keeps_ops)
 
     def kernel(self, result: str) -> KernelPlan | None:
         """The KernelPlan of one result ('output', 'grad_input', 'grad_weight', 'grad_bias'), if the plan has one."""
@@ -102,7 +103,8 @@ class Plan:
                 ("autograd", "ATen records the forward's calls (their backward is the plan's gradients)"
                  if self.aten_autograd else "portconv's autograd.Function runs the plan's gradients"),
                 ("compiled", "Inductor: aten.convolution and its backward, as PyTorch compiles them (static sizes)"
-                 if self.compiled_as_aten else "Inductor: the portconv ops run this plan (a forced backend)")]
+                 if self.compiled_as_aten else "Inductor: the portconv ops run this plan (" + (
+                     "a forced backend)" if self.forced else "OWN_KERNEL_WINS: faster compiled too)"))]
         if self.options != knobs.DEFAULT_OPTIONS:
             rows.append(("options", self.options.describe()))
         for k in self.kernels:
@@ -219,14 +221,16 @@ def _select(problem: Problem, forced_id: BackendId | None, env: knobs.Env, optio
         from .rules import TorchContext
 
         rule = policy.gpu_policy if problem.input.device_type == "cuda" else policy.cpu_policy
-        prefer, passed = rule(problem, TorchContext.from_torch(problem.input.device))
+        ctx = TorchContext.from_torch(problem.input.device)
+        prefer, passed = rule(problem, ctx)
+        keep = rule is policy.gpu_policy and policy.compiled_win(problem, ctx) is not None
     else:
-        prefer, passed = tuple((b, "") for b in policy.candidates(problem)), ()
+        prefer, passed, keep = tuple((b, "") for b in policy.candidates(problem)), (), False
     rejected: list[tuple[str, str]] = []
     for bid, why in prefer:
         plan = _attempt(problem, bid, why, env.disable, options, rejected, passed)
-        if plan is not None:
-            return plan
+        if plan is not None:  # Note [own kernel wins compiled]: the row's own backend, not its ATen fallback
+            return dataclasses.replace(plan, keeps_ops=True) if keep and bid == prefer[0][0] else plan
     # The preferred backends cannot run it: the others, in the place's order, as the last resort.
     tried = {b for b, _ in prefer}
     for bid in policy.candidates(problem):

@@ -34,6 +34,8 @@ class OwnKernelWin:
     applies: Callable[[Problem], bool]  # pure predicate on the problem
     what: str  # the class in words
     evidence: str  # the measured speed-up, in one line, and where it is recorded
+    compiled: str = ""  # evidence that the win holds in compiled graphs too (Note [own kernel wins compiled]); ""
+    # (unmeasured there): Inductor compiles the class as ATen's convolution
 
 
 # Output elements from which the depthwise row applies (Note [own kernel wins])
@@ -118,12 +120,33 @@ OWN_KERNEL_WINS: tuple[OwnKernelWin, ...] = (
     OwnKernelWin(BackendId.CUDA, ("Cudnn",), _channels_last_7x7_float32,
                  "depthwise kernel 7x7 to 12x12, stride 1, channels-last, float32 (>= 1M outputs)",
                  "3.94x-5.76x PyTorch (cuDNN) on an H100, convnext-dw7x7-st1..st4-cl (float32; "
-                 "docs/performance/h100/depthwise.md)"),
+                 "docs/performance/h100/depthwise.md)",
+                 compiled="convnext_tiny float32 training step compiled: 2.00x PyTorch's compiled step on an H100 "
+                          "(docs/performance/h100/models.md)"),
     OwnKernelWin(BackendId.CUDA, ("Cudnn",), _channels_last_large_kernel,
                  "depthwise kernel >= 13x13, stride 1, channels-last (>= 1M outputs)",
                  "4.37x-52.9x PyTorch (cuDNN) on an H100, replk-dw13x13-cl and replk-dw31x31-cl (float32, bfloat16; "
                  "docs/performance/h100/depthwise.md)"),
 )
+
+# Note [own kernel wins compiled]
+# Inductor compiles an unforced plan as ATen's convolution (Note [ATen's plans in compiled graphs]): a compiled graph
+# takes an OWN_KERNEL_WINS row's kernels only where the row has evidence that the win holds there too (its
+# `compiled` field), for the graph's fusions and layouts differ from eager's (mobilenet_v2 float32 with its NCHW 3x3
+# depthwise convolutions as portconv ops ran 0.73x compiled, while eager it wins). compiled_win() is that row.
+def compiled_win(problem: Problem, ctx, wins: tuple[OwnKernelWin, ...] | None = None) -> OwnKernelWin | None:
+    """The OWN_KERNEL_WINS row that gpu_policy takes for this problem, where it holds in compiled graphs too."""
+    from .rules import aten_answer
+
+    wins = OWN_KERNEL_WINS if wins is None else wins
+    own = BackendId.HIP if ctx.is_hip else BackendId.CUDA
+    try:
+        fwd = aten_answer(problem, ctx)[0]
+    except ConvError:
+        return None
+    win = next((w for w in wins if w.backend == own and fwd in w.replaces and w.applies(problem)), None)
+    return win if win is not None and win.compiled else None
+
 
 # Where forcing the vendor library measured slower than ATen's own native kernel (the old default did that).
 VENDOR_VIA_ATEN = "the same call through ATen's dispatch, least host time"

@@ -111,6 +111,29 @@ def test_channels_last_7x7_goes_to_portconvs_kernels_in_float32_only(hw, c):
     assert _first(_problem(dtype="bfloat16", **case))[0] == BackendId.ATEN  # cuDNN's 16-bit NHWC kernels win
 
 
+def test_compiled_graphs_keep_the_own_ops_only_where_measured_compiled():
+    """Note [own kernel wins compiled]: the channels-last 7x7 float32 row holds in compiled graphs (ConvNeXt-T's
+    compiled step), so Inductor keeps its plans' ops; every other row compiles as ATen's convolution; a plan's
+    compiled_as_aten follows (ATen-recorded plans always compile as ATen's)."""
+    from portconv.device import DeviceInfo
+    from portconv.policy import compiled_win
+
+    cl7 = _problem((64, 96, 56, 56), (96, 1, 7, 7), "float32", "channels_last", padding=3, groups=96)
+    win = compiled_win(cl7, H200)
+    assert win is not None and "2.00x" in win.compiled and win.applies(cl7)
+    for other in (_problem((64, 96, 56, 56), (96, 1, 7, 7), "bfloat16", "channels_last", padding=3, groups=96),
+                  _problem((64, 96, 56, 56), (96, 1, 7, 7), padding=3, groups=96),  # NCHW: its row has no evidence
+                  _problem((32, 64, 56, 56), (64, 64, 3, 3), padding=1)):  # dense: no row
+        assert compiled_win(other, H200) is None
+    dev = DeviceInfo(vendor="nvidia", kind="gpu", name="H200", arch="sm_90")
+    plan = planner.Plan(problem=cl7, backend=BackendId.CUDA, algorithm="depthwise", memory_format="channels_last",
+                        reason="", device=dev)
+    assert plan.compiled_as_aten and not dataclasses.replace(plan, keeps_ops=True).compiled_as_aten
+    assert not dataclasses.replace(plan, forced=True).compiled_as_aten
+    assert dataclasses.replace(plan, keeps_ops=True, aten_autograd=True).compiled_as_aten
+    assert "faster compiled too" in dataclasses.replace(plan, keeps_ops=True).explain()
+
+
 @pytest.mark.parametrize("case", [  # neighbours of those classes that measured slower (or were not measured)
     dict(ishape=(64, 384, 14, 14), wshape=(384, 1, 7, 7), padding=3, stride=2, groups=384),  # 7x7 stride 2
     dict(ishape=(64, 144, 56, 56), wshape=(144, 1, 5, 5), padding=2, groups=144, fmt="channels_last"),  # -cl
