@@ -114,6 +114,20 @@ def test_depthwise_bands_kernels(edge, fmt, dt):
         assert launched.get("bands_finalize", 0) == 1, launched
 
 
+def test_bands_kernel_constants_match_the_host():
+    """Note [depthwise bands]: opencl/bands.cl computes the weight gradient's units and the groups' geometry from its
+    own constants; they are portconv/dwbands.py's (the CUDA set's test checks cuda/conv_depthwise_bands.cuh)."""
+    import pathlib
+    import re
+
+    from portconv import dwbands
+
+    src = (pathlib.Path(__file__).resolve().parents[1] / "opencl" / "bands.cl").read_text()
+    d = {k: int(v) for k, v in re.findall(r"#define (BANDS_\w+) +(\d+)", src)}
+    assert (d["BANDS_THREADS"], d["BANDS_U"], d["BANDS_ROWS"], d["BANDS_MAX"]) == (
+        dwbands.THREADS, dwbands.DWB_U, dwbands.DWB_ROWS, dwbands.DWB_MAX_BYTES)
+
+
 DW_CL_EDGES = [  # Note [channels-last depthwise]: (id, shape (C, *spatial), kernel, stride, padding, batch)
     ("c16-w13", (16, 9, 13), (3, 3), 1, 1, 2),
     ("c8-2x3-image-pad2", (8, 2, 3), (3, 3), 1, 2, 2),
