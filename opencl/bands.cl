@@ -1,7 +1,7 @@
 /* portconv OpenCL depthwise "bands" kernels: any 2-D filter, either layout, a band of rows staged in local memory.
  *
  * The OpenCL form of Note [depthwise bands] (cuda/conv_depthwise_bands.cuh; same geometry, which the host takes from
- * portconv/backends/simt/depthwise.py): a work-group of BANDS_THREADS stages the source rows of a band of output rows
+ * portconv/dwbands.py): a work-group of BANDS_THREADS stages the source rows of a band of output rows
  * of P planes (d.red) with zero padding in local memory, and a work-item
  * forms a column of BANDS_VH outputs, BANDS_CH filter rows a step from a private window, with no bounds test.
  * Forward at stride 1 and 2 (bands_fwd_s1/_s2), backward-data at stride 1 (the flipped filter) and stride 2 (Note
@@ -12,7 +12,7 @@
  * d.KG, offsets d.xo, d.wo, d.yo, d.bo.
  *
  * Defines (host): the dtype, optional IDX64, DEPTHWISE, BANDS_VH, BANDS_CH (forward, stride-1 backward-data),
- * BANDS_CHP (the stride-2 phases), BANDS_TW (weight taps a work-item), BANDS_LOCAL (bytes of a group's local array:
+ * BANDS_CHP (the stride-2 phases), BANDS_TW (weight taps a work-item), BANDS_BYTES (bytes of a group's local array:
  * the view's largest need in 8 KB steps). The local array is static, not a __local kernel argument: PoCL 3.1 ran
  * concurrent work-groups of 256 items on one buffer for such an argument (wrong bands whenever two threads ran).
  */
@@ -120,7 +120,7 @@ inline void bands(const conv_desc *d, __global const T *src, __global const T *w
 #define BANDS_ENTRY(name, S, FLIP, CH)                                                                               \
     __kernel void name(const conv_desc d, __global const T *src, __global const T *w, __global const T *b,          \
                        __global T *dst) {                                                                           \
-        __local ACC pool[BANDS_LOCAL / sizeof(ACC)];                                                                 \
+        __local ACC pool[BANDS_BYTES / sizeof(ACC)];                                                                 \
         bands(&d, src, w, b, dst, pool, S, FLIP, CH);                                                                \
     }
 BANDS_ENTRY(bands_fwd_s1, 1, 0, BANDS_CH)
@@ -202,13 +202,13 @@ inline void bands_weight(const conv_desc *d, __global const T *x, __global const
 
 __kernel void bands_bwd_weight_s1(const conv_desc d, __global const T *x, __global const T *y, __global T *w,
                                   __global ACC *part) {
-    __local ACC pool[BANDS_LOCAL / sizeof(ACC)];
+    __local ACC pool[BANDS_BYTES / sizeof(ACC)];
     bands_weight(&d, x, y, w, part, pool, 1);
 }
 
 __kernel void bands_bwd_weight_s2(const conv_desc d, __global const T *x, __global const T *y, __global T *w,
                                   __global ACC *part) {
-    __local ACC pool[BANDS_LOCAL / sizeof(ACC)];
+    __local ACC pool[BANDS_BYTES / sizeof(ACC)];
     bands_weight(&d, x, y, w, part, pool, 2);
 }
 

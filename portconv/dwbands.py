@@ -10,7 +10,7 @@ from .problem import ConvView
 THREADS = 256  # work-items a group of every bands launch (the CUDA set's block, the OpenCL set's work-group)
 # A band of output rows of P planes staged in shared (local) memory, DWB_VH output rows a thread (PC_DWB_VH, BANDS_VH).
 # A block takes as many whole planes as its THREADS columns and DWB_MAX_BYTES allow; a module's shared memory
-# (PC_DWB_BYTES, BANDS_LOCAL) is the largest direction's need in DWB_STEP steps.
+# (PC_DWB_BYTES, BANDS_BYTES) is the largest direction's need in DWB_STEP steps.
 DWB_VH, DWB_MAX_BYTES, DWB_STEP = 8, 49152, 8192
 DWB_VH_TALL, DWB_TALL_ROWS = 16, 13  # filters of 13+ rows on planes of 32+ rows: 16 output rows a thread (H100,
 # replk-dw31x31 forward 1.28x over 8; ConvNeXt's 7x7 and EfficientNet's 5x5 stride 2 are slower with 16)
@@ -73,6 +73,7 @@ def dw_bands(view: ConvView, direction: str, dtype: str) -> tuple[int, int, int]
 
 
 DWB_U, DWB_ROWS = 8, 2048  # PC_DWB_U: output columns a step of the weight gradient; positions a unit about
+GRID_SPLITS_MAX = 65535  # splits of a weight gradient at most: a CUDA grid's y extent (simt.view.GRID_YZ_MAX)
 
 
 def dwb_wgeometry(view: ConvView, dtype: str) -> tuple[int, int, int] | None:
@@ -93,6 +94,27 @@ def dwb_wgeometry(view: ConvView, dtype: str) -> tuple[int, int, int] | None:
     return p, -(-d1 // th), need
 
 
+def dwb_splits(view: ConvView, dtype: str, units: int) -> tuple[int, int]:
+    """(splits, units a split) of the 'bands' weight gradient, grid (K, splits): about 4 groups a compute unit, at
+    most GRID_SPLITS_MAX splits (a grid's y extent); the last split may be shorter."""
+    planes, bands, _ = dwb_wgeometry(view, dtype)
+    work = -(-view.N // planes) * bands
+    splits = max(1, min(-(-4 * max(units, 1) // view.K), work, GRID_SPLITS_MAX))
+    chunk = -(-work // splits)
+    return -(-work // chunk), chunk
+
+
+def dwb_defines(view: ConvView, dtype: str) -> dict[str, int]:
+    """The compile-time values of a view's bands module, by their names without the set's prefix (PC_DWB_ in the
+    CUDA set, BANDS_ in the OpenCL set): VH, CH, CHP, TW, and BYTES, the largest need of the directions the bands
+    kernels take in DWB_STEP steps; empty where they take none."""
+    fwd, bwd_data, bwd_weight = bands_kernels(view, dtype)
+    need = [dw_bands(view, d, dtype)[2] for d, k in (("fwd", fwd), ("bwd_data", bwd_data)) if k]
+    need += [dwb_wgeometry(view, dtype)[2]] if bwd_weight else []
+    if not need:
+        return {}
+    return {"VH": dwb_vh(view), "CH": dwb_step(view, "fwd"), "CHP": dwb_step(view, "bwd_data"),
+            "TW": dwb_ch(view.R[2]), "BYTES": -(-max(need) // DWB_STEP) * DWB_STEP}
 
 
 def bands_kernels(view: ConvView, dtype: str) -> tuple[str, str, str]:

@@ -168,19 +168,20 @@ def module_convnd(module, rank: int, name: str, input, weight, bias, stride, pad
                 if m.entry is None:  # Note [autocast and ATen's plans]: PyTorch's call on the uncast operands
                     return composite.torch_convnd(name, input, weight, bias, stride, padding, dilation, groups,
                                                   output_padding)
-                input, weight, bias = composite.cast(m.cast, input, weight, bias)  # the entry's operands
-                p, params, batched = m.entry
-                if batched:
-                    return _execute(p, input, weight, bias, params, 1)
-                return _execute(p, input[None], weight, bias, params, 1)[0]
+                return _run(m.entry, *composite.cast(m.cast, input, weight, bias), 1)  # the entry's operands
             if m.aten is not None:
                 return m.aten[0](input, weight, bias, *m.aten[1])
-            p, params, batched = m.entry
-            if batched:
-                return _execute(p, input, weight, bias, params)
-            return _execute(p, input[None], weight, bias, params)[0]
+            return _run(m.entry, input, weight, bias)
     return _convnd(rank, name, input, weight, bias, stride, padding, dilation, groups, backend, transposed,
                    output_padding, memo_owner=module)
+
+
+def _run(entry: tuple, input, weight, bias, mode: int = 0):
+    """A fast-path entry (plan, params, batched) run on a call's operands; an unbatched input gets its batch axis."""
+    p, params, batched = entry
+    if batched:
+        return _execute(p, input, weight, bias, params, mode)
+    return _execute(p, input[None], weight, bias, params, mode)[0]
 
 
 def _remember(owner, key, args: tuple, entry: tuple | None, cast=None) -> None:
@@ -224,9 +225,7 @@ def _convnd(rank: int, name: str, input, weight, bias, stride, padding, dilation
             fastpath.put(akey, (True,))
         if memo_owner is not None:
             _remember_call(memo_owner, key, akey, mode, args, hit)
-        if hit[2]:
-            return _execute(hit[0], input, weight, bias, hit[1], mode)
-        return _execute(hit[0], input[None], weight, bias, hit[1], mode)[0]
+        return _run(hit, input, weight, bias, mode)
     if fastpath.foreign(input, weight, bias):
         return composite.traced_convnd(rank, name, input, weight, bias, stride, padding, dilation, groups, backend,
                                        transposed, output_padding)

@@ -138,14 +138,17 @@ def compiled_win(problem: Problem, ctx, wins: tuple[OwnKernelWin, ...] | None = 
     """The OWN_KERNEL_WINS row that gpu_policy takes for this problem, where it holds in compiled graphs too."""
     from .rules import aten_answer
 
-    wins = OWN_KERNEL_WINS if wins is None else wins
-    own = BackendId.HIP if ctx.is_hip else BackendId.CUDA
     try:
         fwd = aten_answer(problem, ctx)[0]
     except ConvError:
         return None
-    win = next((w for w in wins if w.backend == own and fwd in w.replaces and w.applies(problem)), None)
+    win = _win(problem, BackendId.HIP if ctx.is_hip else BackendId.CUDA, fwd, OWN_KERNEL_WINS if wins is None else wins)
     return win if win is not None and win.compiled else None
+
+
+def _win(problem: Problem, own: BackendId, fwd: str, wins: tuple[OwnKernelWin, ...]) -> OwnKernelWin | None:
+    """The first row of ``wins`` for this problem, whose ATen forward would be ``fwd``, on the GPU's own backend."""
+    return next((w for w in wins if w.backend == own and fwd in w.replaces and w.applies(problem)), None)
 
 
 # Where forcing the vendor library measured slower than ATen's own native kernel (the old default did that).
@@ -181,11 +184,11 @@ def gpu_policy(problem: Problem, ctx, wins: tuple[OwnKernelWin, ...] | None = No
     except ConvError as e:
         return ((BackendId.ATEN, f"ATen refuses this problem ({e})"),), ()
     routed = fwd if fwd == bwd else f"{fwd} (gradients: {bwd})"
-    for win in wins:
-        if win.backend == own and fwd in win.replaces and win.applies(problem):
-            prefer = ((own, f"OWN_KERNEL_WINS: {win.what}: {win.evidence}; ATen would run {routed}"),
-                      (BackendId.ATEN, f"fallback: ATen runs it as {routed}"))
-            return prefer, ((lib, f"OWN_KERNEL_WINS prefers portconv's {own} kernels"),)
+    win = _win(problem, own, fwd, wins)
+    if win is not None:
+        prefer = ((own, f"OWN_KERNEL_WINS: {win.what}: {win.evidence}; ATen would run {routed}"),
+                  (BackendId.ATEN, f"fallback: ATen runs it as {routed}"))
+        return prefer, ((lib, f"OWN_KERNEL_WINS prefers portconv's {own} kernels"),)
     if fwd in _VENDOR_NAMES[lib] and bwd in _VENDOR_NAMES[lib]:
         why = f"ATen routes it to {lib_label} ({routed}): {VENDOR_VIA_ATEN}"
         return ((BackendId.ATEN, why), (lib, f"fallback: the {lib} backend makes the same library call")), \

@@ -645,6 +645,7 @@ def test_depthwise_bands_geometry():
                                                                    ((28, 2), (28, 3)), ((28, 2), (28, 2))]
     assert dwbands.dwb_step(view_(56, 5, s=2), "bwd_data") == 3 and dwbands.dwb_step(view_(56, 5), "fwd") == 5
     assert dwbands.THREADS == view.THREADS  # one group size for every bands launch
+    assert dwbands.GRID_SPLITS_MAX == view.GRID_YZ_MAX
     assert dwbands.dwb_vh(view_(56, 31)) == 16 and dwbands.dwb_vh(view_(56, 7)) == 8  # tall filters: 16 rows
     assert dwbands.dw_bands(view_(56, 31), "fwd", "float32") == (1, 1, (95 * 86 + 32 * 31) * 4)  # 4 groups of 16
     assert dwbands.dw_bands(view_(56, 31), "fwd", "float64") is None  # 73 KB a plane

@@ -17,27 +17,20 @@ from .kernels import Ctx, Operand, Part, bias_bind, bias_fields, desc, make_laun
 SOURCE = "bands.cl"
 
 
-def _kernels(view, fmt: str, dtype: str) -> dict[str, str]:
-    """The bands kernel per direction ('' where they do not run; the layout does not matter to them)."""
+def _kernels(view, dtype: str) -> dict[str, str]:
+    """The bands kernel per direction ('' where they do not run; either layout)."""
     ks = geometry.bands_kernels(view, dtype) if view.depthwise else ("", "", "")
     return dict(zip(("fwd", "bwd_data", "bwd_weight"), ks))
 
 
-def takes(view, fmt: str, dtype: str) -> bool:
+def takes(view, dtype: str) -> bool:
     """Some direction of this depthwise view runs the bands kernels."""
-    return any(_kernels(view, fmt, dtype).values())
+    return any(_kernels(view, dtype).values())
 
 
 def _defines(ctx: Ctx) -> dict:
-    """The module of a view: its filter steps, rows a work-item and local array (the largest need of the directions
-    the bands kernels take, in DWB_STEP steps, as the CUDA set's PC_DWB_BYTES)."""
-    v, ks = ctx.view, _kernels(ctx.view, ctx.fmt, ctx.dtype)
-    need = [geometry.dw_bands(v, d, ctx.dtype)[2] for d in ("fwd", "bwd_data") if ks[d]]
-    need += [geometry.dwb_wgeometry(v, ctx.dtype)[2]] if ks["bwd_weight"] else []
-    step = geometry.DWB_STEP
-    return {"DEPTHWISE": "", "BANDS_VH": geometry.dwb_vh(v), "BANDS_CH": geometry.dwb_step(v, "fwd"),
-            "BANDS_CHP": geometry.dwb_step(v, "bwd_data"), "BANDS_TW": geometry.dwb_ch(v.R[2]),
-            "BANDS_LOCAL": -(-max(need, default=step) // step) * step}
+    """The module of a view: geometry.dwb_defines under the BANDS_ prefix (BANDS_BYTES sizes the local array)."""
+    return {"DEPTHWISE": "", **{"BANDS_" + k: v for k, v in geometry.dwb_defines(ctx.view, ctx.dtype).items()}}
 
 
 def _launch(ctx: Ctx, kernel: str, grid, block, args, binds, ops, extra: int = 0):
@@ -55,7 +48,7 @@ def _part(summary: str, *launches) -> tuple[Part | None, list[str]]:
 
 
 def _spatial(ctx: Ctx, direction: str, src: Operand, w: Operand, dst: Operand, bias: Operand | None):
-    kernel = _kernels(ctx.view, ctx.fmt, ctx.dtype)[direction]
+    kernel = _kernels(ctx.view, ctx.dtype)[direction]
     if not kernel or (direction == "bwd_data" and bias is not None):
         return None, []
     v = ctx.view
@@ -84,15 +77,12 @@ def bwd_data(ctx: Ctx, y: Operand, w: Operand, x: Operand, bias: Operand | None)
 def bwd_weight(ctx: Ctx, x: Operand, y: Operand, w: Operand) -> tuple[Part | None, list[str]]:
     """A work-group per (channel, split) over units of staged rows; several splits add in split order
     (bands_finalize). Splits: about 4 work-groups per compute unit, as the CUDA set's."""
-    kernel = _kernels(ctx.view, ctx.fmt, ctx.dtype)["bwd_weight"]
+    kernel = _kernels(ctx.view, ctx.dtype)["bwd_weight"]
     if not kernel:
         return None, []
     v = ctx.view
-    planes, bands, _ = geometry.dwb_wgeometry(v, ctx.dtype)
-    work = -(-v.N // planes) * bands
-    splits = max(1, min(-(-4 * max(1, ctx.device.compute_units) // v.K), work))
-    chunk = -(-work // splits)
-    splits = -(-work // chunk)
+    planes = geometry.dwb_wgeometry(v, ctx.dtype)[0]
+    splits, chunk = geometry.dwb_splits(v, ctx.dtype, ctx.device.compute_units)
     taps = v.R[1] * v.R[2]
     part_elems = v.K * splits * taps if splits > 1 else 0
     strides = dict(xs=x.strides5, ws=w.strides5, ys=y.strides5)

@@ -107,7 +107,7 @@ def _family(problem: Problem, view: ConvView, device: DeviceInfo, options: Optio
         if cl is not None:
             return "depthwise", f"{head}: channels-last kernels (opencl/depthwise.cl) where the layouts allow"
         why = f"results {fmt}, {why}" if fmt != "contiguous" else depthwise.dw_spec(problem, view, fmt, cpu)[1]
-        if bands.takes(view, fmt, problem.dtype):
+        if bands.takes(view, problem.dtype):
             return "depthwise", (f"{head}: the bands kernels (opencl/bands.cl, Note [depthwise bands]); vectorised "
                                  f"kernels not used: {why}")
         return "depthwise", f"{head}: the generic kernels (opencl/conv.cl); vectorised kernels not used: {why}"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from ...dwbands import DWB_STEP, bands_kernels, dw_bands, dwb_ch, dwb_phases, dwb_step, dwb_vh, dwb_wgeometry
+from ...dwbands import bands_kernels, dw_bands, dwb_defines, dwb_phases, dwb_splits, dwb_vh
 from ...problem import ConvView
 from . import view as V
 from .view import THREADS, Launches, Operand
@@ -42,6 +42,8 @@ DWP_BLOCKS = {2: 5, 4: 6, 8: 4}  # 0: a block a chunk
 DWP_SM_BYTES = {"sm_90": 233472, "sm_100": 233472, "sm_80": 167936, "sm_87": 167936}  # shared memory an SM (grids)
 DWP_SM_BYTES_OTHER = 102400  # other NVIDIA GPUs; AMD GPUs: 65536 (an LDS)
 DIRECTIONS = ("fwd", "bwd_data", "bwd_weight")
+
+
 def depthwise_kernels(view: ConvView, cl: bool = False, dtype: str = "float32") -> dict[str, str]:
     """The depthwise kernel suffix per view direction ('plain': the per-element weight gradient of
     cuda/conv_depthwise.cuh); ``cl``: channels-last results. Pure in the view, the layout and the dtype."""
@@ -125,11 +127,7 @@ def depthwise_weight_grid(view: ConvView, kernel: str, cl: bool, dtype: str, uni
     (deterministic splits)."""
     v = view
     if kernel.startswith("bands"):  # grid (K, splits) over units (Note [depthwise bands])
-        planes, bands, _ = dwb_wgeometry(v, dtype)
-        work = -(-v.N // planes) * bands
-        splits = max(1, min(-(-4 * max(units, 1) // v.K), work, V.GRID_YZ_MAX))
-        chunk = -(-work // splits)
-        splits = -(-work // chunk)
+        splits, chunk = dwb_splits(v, dtype, units)
         return (v.K, splits, 1), splits, chunk
     if kernel.startswith("tile"):  # grid (channel tiles, splits) over (n, o0, row tile, strip) units
         vc = min(DW_TILE_VC[dtype], 2) if kernel.startswith("tile3d") else DW_TILE_VC[dtype]
@@ -166,13 +164,8 @@ class ViewKernels:
         if "planes" in self.kernels.values():  # Note [depthwise planes]: the view's shared memory and blocks an SM
             smem, self.dwp_blocks = dwp_build(view, V.ITEM[dtype], arch)
             self.defines.update(PC_DWP_BYTES=smem, PC_DWP_MINB=max(1, self.dwp_blocks))
-        need = [dw_bands(view, d, dtype)[2] for d in ("fwd", "bwd_data") if self.kernels[d].startswith("bands")]
-        if self.kernels["bwd_weight"].startswith("bands"):
-            need.append(dwb_wgeometry(view, dtype)[2])
-            self.defines["PC_DWB_TW"] = dwb_ch(view.R[2])
-        if need:  # Note [depthwise bands]: the module's shared memory, filter-row steps and rows a thread
-            self.defines.update(PC_DWB_BYTES=-(-max(need) // DWB_STEP) * DWB_STEP, PC_DWB_VH=dwb_vh(view),
-                                PC_DWB_CH=dwb_step(view, "fwd"), PC_DWB_CHP=dwb_step(view, "bwd_data"))
+        # Note [depthwise bands]: the module's shared memory, filter-row steps and rows a thread
+        self.defines.update({"PC_DWB_" + k: v for k, v in dwb_defines(view, dtype).items()})
 
 
 class Depthwise:
