@@ -106,6 +106,13 @@ def special() -> bool:
     return traced_or_transformed() or bool(torch._C._is_any_autocast_enabled())
 
 
+def plain_eager(input) -> bool:
+    """A plain torch.Tensor input (no subclass, array or tensor-like) with no tracer, dispatch mode, functorch
+    transform or forward-AD level active: PyTorch's own call is the whole answer there (Note [ATen's modules])."""
+    torch = _torch
+    return torch is not None and type(input) is torch.Tensor and not traced_or_transformed()
+
+
 def traced_or_transformed() -> bool:
     """special() but for autocast: a tracer (dynamo first), a torch dispatch mode, a functorch transform or a
     forward-AD level is active (torch is bound)."""

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from . import composite, fastpath, validate
+from . import composite, fastpath, policy, validate
 from .params import ConvParams
-from .planner import Plan, backward_problem, make_problem, params_of, prepare, select
+from .planner import Plan, automatic, backward_problem, make_problem, params_of, prepare, select
 from .tensors import spec_of
 
 
@@ -156,7 +156,10 @@ def _no_memo():
 
 def module_convnd(module, rank: int, name: str, input, weight, bias, stride, padding, dilation, groups, backend,
                   transposed=False, output_padding=0):
-    """A converted module's call: _convnd, or the module's memo where it holds (Note [module memo])."""
+    """A converted module's call: PyTorch's (Note [ATen's modules]), _convnd, or the module's memo where it holds
+    (Note [module memo])."""
+    if backend is None and policy.never_own(transposed, groups) and fastpath.plain_eager(input) and automatic():
+        return composite.torch_convnd(name, input, weight, bias, stride, padding, dilation, groups, output_padding)
     m = module.__dict__.get("_pc_memo")
     if m is not None and m.generation == fastpath.generation and type(input) is m.key[1] and (
             not fastpath.special() if m.cast is None
@@ -202,6 +205,9 @@ def _remember_call(owner, key, akey, mode: int, args: tuple, entry: tuple) -> No
 
 def _convnd(rank: int, name: str, input, weight, bias, stride, padding, dilation, groups, backend,
             transposed=False, output_padding=0, mode: int = 0, memo_owner=None):
+    if (mode == 0 and backend is None and policy.never_own(transposed, groups) and fastpath.plain_eager(input)
+            and automatic()):  # Note [ATen's modules]
+        return composite.torch_convnd(name, input, weight, bias, stride, padding, dilation, groups, output_padding)
     akey, args = None, (stride, padding, dilation, groups, output_padding)
     if mode == 0 and fastpath.special():  # Note [eager and traced calls]
         cast, traced = composite.autocast_dtype(input), composite.traced(input)

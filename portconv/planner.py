@@ -54,6 +54,14 @@ def tuning() -> bool:
     return knobs.env().tune if on is None else on
 
 
+def automatic() -> bool:
+    """Whether a call without ``backend=`` gets the automatic plan of the default options: no use_backend(),
+    PORTCONV_BACKEND, tuning, portconv.options() block or disabled aten backend (Note [ATen's modules])."""
+    env, on = knobs.env(), _tuning.get()
+    return (_forced.get() is None and not (env.tune if on is None else on) and knobs.options() is knobs.DEFAULT_OPTIONS
+            and env.backend in (None, "auto") and "aten" not in env.disable)
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """A backend's decision for one problem: its kernels per result (KernelPlan), and the Runner of its calls."""

@@ -173,7 +173,7 @@ def test_module_memo_runs_the_same_plan_and_notices_every_change(monkeypatch):
     from portconv import planner
 
     torch.manual_seed(0)
-    ref = torch.nn.Conv2d(4, 4, 3, padding=1, groups=4)
+    ref = torch.nn.Conv2d(4, 4, 3, padding=1, groups=4)  # depthwise: Note [ATen's modules] does not take it
     mod = portconv.convert(copy.deepcopy(ref))
     x = torch.randn(2, 4, 6, 6)
     calls = _convnd_calls(monkeypatch)
@@ -241,10 +241,47 @@ def test_module_memo_under_autocast_runs_the_own_plan_of_the_cast_operands(monke
     torch.testing.assert_close(gx, gx_full, rtol=0, atol=0)
 
 
+def test_single_group_and_transposed_modules_call_pytorch_under_the_automatic_plan(monkeypatch):
+    """Note [ATen's modules]: a converted Conv2d with groups=1 and a ConvTranspose2d run torch.nn.functional's own
+    call under the automatic plan, plain and under autocast, with no plan or memo; a depthwise module, a module with
+    a backend, use_backend(), tuning and options blocks take portconv's path."""
+    import portconv
+
+    torch.manual_seed(0)
+    refs = [torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ConvTranspose2d(3, 4, 3, stride=2, output_padding=1),
+            torch.nn.Conv2d(3, 3, 3, padding=1, groups=3)]
+    mods = [portconv.convert(r) for r in refs]
+    x = torch.randn(2, 3, 6, 6, requires_grad=True)
+    calls = _convnd_calls(monkeypatch)
+    for amp in (False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            for ref, mod in zip(refs, mods):
+                before = len(calls)
+                got, want = mod(x), ref(x)
+                torch.testing.assert_close(got, want, rtol=0, atol=0)
+                gx, = torch.autograd.grad(got.float().sum(), x)
+                gx_want, = torch.autograd.grad(want.float().sum(), x)
+                torch.testing.assert_close(gx, gx_want, rtol=0, atol=0)
+                assert (len(calls) - before == 0) == (mod.groups == 1), (type(mod).__name__, amp)
+    assert all("_pc_memo" not in m.__dict__ for m in mods[:2])
+    dense = mods[0]
+    for ctx in (portconv.use_backend("aten"), portconv.tune(), portconv.options(algorithm="direct")):
+        with ctx:
+            before = len(calls)
+            try:
+                dense(x)
+            except Exception:  # noqa: BLE001 - a forced choice may refuse; it was asked, which is what counts
+                pass
+            assert len(calls) == before + 1
+    before = len(calls)
+    portconv.convert(refs[0], backend="aten")(x)
+    assert len(calls) == before + 1
+
+
 def test_module_memo_is_not_copied_or_pickled():
     import portconv
 
-    mod = portconv.convert(torch.nn.Conv1d(2, 3, 3))
+    mod = portconv.convert(torch.nn.Conv1d(2, 4, 3, groups=2))  # depthwise: Note [ATen's modules] keeps no memo
     x = torch.randn(1, 2, 7)
     mod(x)
     assert mod.__dict__["_pc_memo"] is not None

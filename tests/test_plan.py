@@ -455,3 +455,32 @@ def test_explain_lines_fit_120_columns(fresh):
     assert all(len(line) <= 120 for line in text.splitlines()), text
     assert "grad_weight" in text and "aten.convolution_backward" in text
     assert "versions" not in portconv.plan(x, w, padding=1, backend="aten").explain(device=False)
+
+
+@pytest.mark.parametrize("case", [  # Note [ATen's modules]: the suite's own-kernel rows made single-group
+    dict(ishape=(64, 96, 56, 56), wshape=(96, 96, 7, 7), padding=3),
+    dict(ishape=(64, 96, 56, 56), wshape=(96, 96, 7, 7), padding=3, fmt="channels_last"),
+    dict(ishape=(32, 144, 56, 56), wshape=(144, 144, 3, 3), padding=1),
+    dict(ishape=(8, 54, 16, 56, 56), wshape=(54, 54, 3, 3, 3), padding=1, fmt="channels_last"),
+    dict(ishape=(32, 1, 56, 56), wshape=(8, 1, 3, 3), padding=1),  # one input channel: groups 1, not depthwise
+    dict(ishape=(8, 54, 16, 56, 56), wshape=(54, 1, 3, 3, 3), padding=1, transposed=True),  # transposed
+])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_single_group_and_transposed_problems_are_atens_on_every_row(case, dtype):
+    """Note [ATen's modules]: where never_own() holds, no OWN_KERNEL_WINS row is consulted, even one that would
+    apply to the problem's shape (a table of rows that accept everything), on the GPU and the CPU."""
+    from portconv.policy import never_own
+
+    problem = _problem(dtype=dtype, **case)
+    assert never_own(problem.params.transposed, problem.params.groups) and not problem.is_depthwise
+    everything = tuple(OwnKernelWin(BackendId.CUDA, (aten,), lambda p: True, "all", "none")
+                       for aten in ("Cudnn", "CudaDepthwise2d", "CudaDepthwise3d", "CudnnTranspose", "Slow3d"))
+    assert _first(problem, wins=everything)[0] == BackendId.ATEN
+    cpu = dataclasses.replace(problem, input=dataclasses.replace(problem.input, device_type="cpu"),
+                              weight=dataclasses.replace(problem.weight, device_type="cpu"))
+    cpu_all = tuple(dataclasses.replace(w, backend=BackendId.OPENCL, replaces=("Mkldnn", "Slow2d", "Slow3d",
+                                                                              "SlowTranspose2d", "SlowTranspose3d",
+                                                                              "Empty", "Overrideable"))
+                    for w in everything)
+    assert cpu_policy(cpu, TorchContext(num_threads=2), cpu_all)[0][0][0] == BackendId.ATEN
+    assert not never_own(False, 2)
