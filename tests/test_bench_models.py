@@ -119,6 +119,24 @@ def test_compiled_inductor_cell(tmp_path):
     assert c["compile_backend"] == "inductor" and c["sides"]["aten"]["loss_ok"], c
 
 
+def test_float64_reference_losses(tmp_path):
+    """Note [loss phase]: --loss-float64 takes the loss steps with PyTorch's model in float64 too; every side's loss
+    is reported against it (a float32 side is near it, not equal; aten's equals PyTorch's distance exactly)."""
+    out = tmp_path / "r"
+    assert _bench("--backend", "aten", "--layouts", "nchw", "--modes", "eager", "--loss-float64", "--out",
+                  str(out)) == 0
+    rep, cells = _cells(out)
+    c = cells["tiny/float32/nchw/eager"]
+    steps = rep["settings"]["loss_steps"]
+    assert len(c["float64_losses"]) == steps
+    t, a = c["sides"]["torch"], c["sides"]["aten"]
+    want = abs(t["losses"][steps - 1] - c["float64_losses"][steps - 1]) / abs(c["float64_losses"][steps - 1])
+    assert t["loss_f64_rel_diff"] == pytest.approx(want) and 0 < want < 1e-3
+    assert a["loss_f64_rel_diff"] == pytest.approx(t["loss_f64_rel_diff"])
+    md = (out / "models.md").read_text()
+    assert "vs float64 (PyTorch / side)" in md and f"{t['loss_f64_rel_diff']:.1e} / " in md
+
+
 def test_failing_side_is_reported_and_the_rest_goes_on(tmp_path, capsys):
     out = tmp_path / "f"
     assert _bench("--backend", "cuda,aten", "--layouts", "nchw", "--modes", "eager", "--out", str(out)) == 1

@@ -105,6 +105,7 @@ class Options:
     steps: int = 20  # timed steps per side
     warmup: int = 3  # untimed steps first (the first one included; at least 2: timing._warm_up)
     loss_steps: int = 20  # the loss compared is the one of this step (or the last step taken)
+    loss_f64: bool = False  # float32 cells: PyTorch's model in float64 takes the loss steps too (Note [loss phase])
     batch: int | None = None  # every 2-D model's batch (None: the spec's)
     batch_3d: int | None = None  # every 3-D model's batch
     device: str | None = None

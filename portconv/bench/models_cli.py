@@ -26,6 +26,9 @@ def add_flags(p) -> None:
     g.add_argument("--batch-3d", type=int, default=None, help="batch of the 3-D models (r3d_18; default 8)")
     g.add_argument("--loss-steps", type=int, default=20,
                    help="compare the losses after this many steps (or the last step taken; default 20)")
+    g.add_argument("--loss-float64", action="store_true",
+                   help="float32 cells: PyTorch's model in float64 also takes the loss steps (same init and batches); "
+                        "each side's loss is reported against it too")
     g.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
     g.add_argument("--allow-tf32", action="store_true",
                    help="keep torch's TF32 settings (default: IEEE float32 convolutions and matmuls on both sides)")
@@ -80,6 +83,7 @@ def options(a, log):
         backends=tuple(dict.fromkeys(sides)) or ("auto",), steps=a.steps,
         warmup=a.warmup if a.warmup is not None else 3, loss_steps=a.loss_steps, batch=a.batch,
         batch_3d=a.batch_3d, device=a.device, seed=a.seed, compile_backend=a.compile_backend, tf32=a.allow_tf32,
+        loss_f64=a.loss_float64,
         budget_s=a.budget_seconds, log=log)
     return specs, opts
 

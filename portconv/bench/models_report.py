@@ -57,6 +57,8 @@ def rows(rep: dict) -> list[dict]:
             flags = []
             if r.get("loss_ok") is False:
                 flags.append("LOSS")
+                if r.get("loss_f64_rel_diff", 1.0) <= t.get("loss_f64_rel_diff", 0.0):
+                    flags.append("(nearer float64 than PyTorch)")
             for who, res in (("torch", t), (side, r)):
                 if res.get("status") == "error":
                     flags.append(f"{who} failed")
@@ -69,6 +71,8 @@ def rows(rep: dict) -> list[dict]:
                         "cold_warm_torch": _first(c, "torch"), "cold_warm_side": _first(c, side),
                         "loss_step": r.get("loss_step") or t.get("loss_step"), "loss_torch": _loss(t.get("loss")),
                         "loss_side": _loss(r.get("loss")), "rel": _rel(r.get("loss_rel_diff")),
+                        "f64": (f"{_rel(t.get('loss_f64_rel_diff'))} / {_rel(r.get('loss_f64_rel_diff'))}"
+                                if "loss_f64_rel_diff" in r else "-"),
                         "flags": " ".join(flags)})
     return out
 
@@ -101,9 +105,9 @@ def failures(rep: dict) -> list[str]:
 
 _HEAD = ("model", "dtype", "layout", "mode", "side", "PyTorch ms", "side ms", "x PyTorch", "1st step s (in process)",
          "1st step PyTorch s (cold / warm)", "1st step side s (cold / warm)", "loss step", "loss PyTorch", "loss side",
-         "rel diff", "flags")
+         "rel diff", "vs float64 (PyTorch / side)", "flags")
 _KEYS = ("model", "dtype", "layout", "mode", "side", "torch_ms", "side_ms", "x", "first", "cold_warm_torch",
-         "cold_warm_side", "loss_step", "loss_torch", "loss_side", "rel", "flags")
+         "cold_warm_side", "loss_step", "loss_torch", "loss_side", "rel", "f64", "flags")
 
 
 def table(rep: dict) -> str:
@@ -153,7 +157,9 @@ def markdown(rep: dict) -> str:
               "PyTorch's side warms up first). Cold / warm: the first step in a fresh process with empty caches, "
               "then with the caches the cold one left (`--first-step`). Loss: after `loss step` steps of the same "
               "data, each side alone in deterministic mode before its timed steps (Note [loss phase]); "
-              "`rel diff` = |portconv - PyTorch| / |PyTorch|; `LOSS`: beyond the limit "
+              "`rel diff` = |portconv - PyTorch| / |PyTorch|; `vs float64`: each side's |loss - float64 loss| / "
+              "|float64 loss|, PyTorch's model in float64 through the same steps (`--loss-float64`, float32 "
+              "cells); `LOSS`: beyond the limit "
               f"({', '.join(f'{k} {v:g}' for k, v in st['loss_limits'].items())}).", "",
               "| " + " | ".join(_HEAD) + " |", "|" + "---|" * len(_HEAD)]
     lines += ["| " + " | ".join(str(r[k] if r[k] is not None else "-") for k in _KEYS) + " |" for r in rows(rep)]

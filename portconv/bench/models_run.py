@@ -38,6 +38,8 @@ def run_cell(spec: models.ModelSpec, dtype: str, layout: str, mode: str, opts: m
         losses = []
         members.append((side, models.make_step(call, opt, data, spec, dtype, device, losses), losses))
     firsts = loss_phase(cell, members, opts, device, log)
+    if opts.loss_f64 and dtype == "float32" and firsts:
+        cell["float64_losses"] = float64_losses(base, spec, data, fmt, opts, device, log)
     members = [m for m in members if m[0] in firsts]
     ms = timing.measure_interleaved(clock, [(m[1], None) for m in members], [None],
                                     turn_runs=models.TURN if len(members) > 1 else None, runs=opts.steps,
@@ -73,7 +75,10 @@ def run_cell(spec: models.ModelSpec, dtype: str, layout: str, mode: str, opts: m
 # (models.deterministic), from the same init on the same batches: the losses compared are then those of one
 # function computed twice, not of cuDNN's run-to-run atomics (float32 losses of identical cuDNN kernels differed by
 # up to 5.9e-3 after 13 steps without it, H100). The first of these steps is the side's first step in this process.
-# The timed steps continue from there in the default (fast) mode.
+# The timed steps continue from there in the default (fast) mode. With --loss-float64 a float32 cell also takes the
+# steps with PyTorch's model in float64 (float64_losses): float32 training drifts from it by rounding alone, and the
+# drift of PyTorch's own float32 step is the scale a portconv side's difference from PyTorch's is read against
+# (mobilenet_v2 on an H100, 20 steps: PyTorch 2.3e-3 from float64, portconv 1.5e-3, the two 8.2e-4 apart).
 def loss_phase(cell: dict, members: list, opts: models.Options, device, log) -> dict[str, float]:
     """Each side's loss steps (Note [loss phase]); {side: its first step's wall time in ms} for the sides that ran."""
     import torch
@@ -96,11 +101,37 @@ def loss_phase(cell: dict, members: list, opts: models.Options, device, log) -> 
     return firsts
 
 
+def float64_losses(base, spec: models.ModelSpec, data: list, fmt, opts: models.Options, device, log) -> list:
+    """Note [loss phase]: PyTorch's model in float64 through the same loss steps (eager, deterministic mode), from
+    the same init on the same batches in float64; [] where it fails (logged)."""
+    import copy
+
+    import torch
+
+    try:
+        model = copy.deepcopy(base).to(device).double().to(memory_format=fmt).train()
+        opt = torch.optim.SGD(model.parameters(), lr=opts.lr, momentum=opts.momentum)
+        data64 = [(x.double(), y.double() if y.is_floating_point() else y) for x, y in data]
+        losses: list = []
+        step = models.make_step(model, opt, data64, spec, "float64", device, losses)
+        with models.deterministic(device):
+            for _ in range(max(1, opts.loss_steps)):
+                step(None)
+        return torch.stack(losses).cpu().tolist()
+    except Exception as e:  # noqa: BLE001 - the reference is extra evidence; the cell stands without it
+        log(f"  float64 reference: {models.error_text(e)}")
+        return []
+
+
 def compare(cell: dict, opts: models.Options) -> None:
     """Per portconv side: PyTorch's median / its median, and its loss against PyTorch's at the same step."""
     ref = cell["sides"].get("torch", {})
     limit = models.LOSS_LIMITS["tf32" if cell["dtype"] == "float32" and opts.tf32 else cell["dtype"]]
+    f64 = cell.get("float64_losses") or []
     for side, res in cell["sides"].items():
+        if res.get("status") == "ok" and f64 and res.get("losses"):
+            at = min(len(f64), len(res["losses"]), opts.loss_steps)
+            res["loss_f64_rel_diff"] = abs(res["losses"][at - 1] - f64[at - 1]) / max(abs(f64[at - 1]), 1e-30)
         if side == "torch" or res.get("status") != "ok" or ref.get("status") != "ok":
             continue
         res["x_torch"] = ref["median_ms"] / res["median_ms"]
