@@ -137,6 +137,19 @@ def test_float64_reference_losses(tmp_path):
     assert "vs float64 (PyTorch / side)" in md and f"{t['loss_f64_rel_diff']:.1e} / " in md
 
 
+def test_control_side_is_pytorch_again(tmp_path):
+    """--backend torch-copy times PyTorch's model again beside the portconv sides: the spread a cell resolves. Its
+    losses are PyTorch's exactly (the same model, the same steps)."""
+    out = tmp_path / "k"
+    assert _bench("--backend", "aten,torch-copy", "--layouts", "nchw", "--modes", "eager", "--out", str(out)) == 0
+    _, cells = _cells(out)
+    c = cells["tiny/float32/nchw/eager"]
+    assert list(c["sides"]) == ["torch", "aten", "torch-copy"]
+    ctl = c["sides"]["torch-copy"]
+    assert ctl["losses"] == c["sides"]["torch"]["losses"] and ctl["x_torch"] > 0 and ctl["loss_rel_diff"] == 0
+    assert "| tiny | float32 | nchw | eager | torch-copy |" in (out / "models.md").read_text()
+
+
 def test_failing_side_is_reported_and_the_rest_goes_on(tmp_path, capsys):
     out = tmp_path / "f"
     assert _bench("--backend", "cuda,aten", "--layouts", "nchw", "--modes", "eager", "--out", str(out)) == 1

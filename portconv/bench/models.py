@@ -21,6 +21,9 @@ TURN = 5  # Note [interleaved entries]: timed steps a turn
 # |loss(portconv) - loss(PyTorch)| / |loss(PyTorch)| allowed at the compared step (issue 29: 1e-4 in float32 with TF32
 # off; bfloat16 AMP: a bound of our choosing for its usual noise, 8 mantissa bits through every layer and step)
 LOSS_LIMITS = {"float32": 1e-4, "tf32": 5e-3, "bfloat16": 5e-2}
+# A side that is PyTorch's model again (another deep copy, timed in the same turns): its `x PyTorch` is what the cell
+# resolves. Host-bound cells spread by several percent between two identical models on a GPU machine's host.
+CONTROL = "torch-copy"
 
 
 class AutoEncoder(nn.Module):
@@ -222,7 +225,10 @@ def build_side(base, side: str, device, fmt, mode: str, opts: Options):
     """(model to call, optimizer) of one side: PyTorch ('torch') or portconv.convert() of a copy of ``base``."""
     import portconv
 
-    model = copy.deepcopy(base) if side == "torch" else portconv.convert(base, None if side == "auto" else side)
+    if side in ("torch", CONTROL):
+        model = copy.deepcopy(base)
+    else:
+        model = portconv.convert(base, None if side == "auto" else side)
     model = model.to(device).to(memory_format=fmt).train()
     opt = torch.optim.SGD(model.parameters(), lr=opts.lr, momentum=opts.momentum)
     call = torch.compile(model, backend=opts.compile_backend) if mode == "compile" else model

@@ -12,7 +12,8 @@ def add_flags(p) -> None:
     """The model benchmark's flags; --backend, --device, --warmup, --out, --seed and --quiet are the bench's own."""
     g = p.add_argument_group(
         "model benchmark (--models): a training step of whole models, PyTorch against portconv.convert() of the same "
-        "model; --backend names the portconv sides (default auto), --warmup the untimed steps (default 3)")
+        "model; --backend names the portconv sides (default auto; torch-copy: PyTorch's model again, a control), "
+        "--warmup the untimed steps (default 3)")
     g.add_argument("--models", nargs="?", const="all", default=None, metavar="LIST",
                    help="time training steps of these models (comma-separated; no value or 'all': mobilenet_v2, "
                         "efficientnet_b0, convnext_tiny, resnet50, r3d_18, autoencoder; 'module:attr' names a "
@@ -71,7 +72,7 @@ def options(a, log):
                          f"{', '.join(s.name for s in specs if s.needs in missing)}")
     first = a.first_step
     sides = ["auto"] if not a.backend else [s.strip().lower() for s in a.backend.split(",") if s.strip()]
-    sides = [s if s == "auto" else str(BackendId.parse(s)) for s in sides if s != "torch"]
+    sides = [s if s in ("auto", models.CONTROL) else str(BackendId.parse(s)) for s in sides if s != "torch"]
     for n, v in (("--steps", a.steps), ("--loss-steps", a.loss_steps), ("--batch", a.batch),
                  ("--batch-3d", a.batch_3d), ("--warmup", a.warmup)):
         if v is not None and v < 1:
