@@ -7,3 +7,4 @@
 #include "conv_depthwise_tile.cuh"
 #include "conv_depthwise_planes.cuh"
 #include "conv_depthwise_bands.cuh"
+#include "conv_depthwise_clw.cuh"

@@ -90,8 +90,8 @@ def _channels_last_large_kernel(problem: Problem) -> bool:
 
 def _channels_last_7x7_float32(problem: Problem) -> bool:
     """Channels-last 2-D float32 with a kernel of 7 to 12 on both axes (ConvNeXt's 7x7, which torchvision's ConvNeXt
-    runs channels-last in NCHW models too): cuDNN's float32 NHWC weight gradient is slowest there (4.6 ms on
-    convnext-dw7x7-st1-cl against the 'bands' kernels' 0.36 ms); in bfloat16 cuDNN's kernels win."""
+    runs channels-last in NCHW models too): cuDNN's float32 NHWC kernels are slowest there (the weight gradient 4.6 ms
+    on convnext-dw7x7-st1-cl against the 'clw' kernels' 0.26 ms); in bfloat16 cuDNN's kernels win as a whole."""
     return (_depthwise_plain(problem, 2, "channels_last") and problem.dtype == "float32"
             and all(7 <= k < 13 for k in _kernel(problem)))
 
@@ -119,8 +119,8 @@ OWN_KERNEL_WINS: tuple[OwnKernelWin, ...] = (
                  "replk-dw13x13, replk-dw31x31 (float32, bfloat16; docs/performance/h100/depthwise.md)"),
     OwnKernelWin(BackendId.CUDA, ("Cudnn",), _channels_last_7x7_float32,
                  "depthwise kernel 7x7 to 12x12, stride 1, channels-last, float32 (>= 1M outputs)",
-                 "3.94x-5.76x PyTorch (cuDNN) on an H100, convnext-dw7x7-st1..st4-cl (float32; "
-                 "docs/performance/h100/depthwise.md)",
+                 "6.27x-9.74x PyTorch (cuDNN) on an H100, convnext-dw7x7-st1..st4-cl (float32, each direction "
+                 ">= 1.73x; docs/performance/h100/depthwise.md)",
                  compiled="convnext_tiny float32 training step compiled: 2.00x PyTorch's compiled step on an H100 "
                           "(docs/performance/h100/models.md)"),
     OwnKernelWin(BackendId.CUDA, ("Cudnn",), _channels_last_large_kernel,

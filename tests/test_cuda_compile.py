@@ -602,9 +602,22 @@ BANDS_CASES = [  # Note [depthwise bands]: NCHW filters with no 3-tap kernel
     EmuCase(2, 1, 2, 2, 10, 7, stride=2, padding=1, groups=2),  # 7 taps, padding 1: sub-filters of 4 and 3
     EmuCase(2, 2, 3, 6, 8, 4, padding=1, groups=3),  # even filter, multiplier 2: bands forward, rows bwd-data
     EmuCase(2, 1, 4, 4, 10, 5, padding=0, groups=4, layout="strided"),  # no padding, a strided X
-    EmuCase(2, 2, 4, 4, 9, 5, padding=2, groups=4, layout="chlast"),  # channels-last: strided gathers and stores
-    EmuCase(2, 1, 3, 3, 10, 5, stride=2, padding=2, groups=3, layout="chlast"),  # channels-last phases
+    EmuCase(2, 2, 4, 8, 9, 5, padding=2, groups=4, layout="chlast"),  # channels-last (multiplier 2: not 'clw')
+    EmuCase(2, 1, 3, 3, 12, 10, stride=2, padding=4, groups=3, layout="chlast"),  # channels-last phases, 10 taps
 ]
+
+
+def _family_launches(emu_backend, case, monkeypatch, what: str) -> list:
+    """Every direction of ``case``'s plan in the four dtypes against aten in float64 (outputs poisoned); the
+    launches they made."""
+    launches = []
+    for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16):
+        x, w, b, problem, go, ref = _setup(case, dtype)
+        p = run_plan(emu_backend, monkeypatch, problem)
+        assert p.algorithm == "depthwise"
+        _check(_all(p, x, w, b, go), ref, dtype, f"{what} ({'; '.join(p.kernels[0].lines())})")
+        launches += emu_backend.launches()
+    return launches
 
 
 @pytest.mark.parametrize("case", BANDS_CASES, ids=lambda c: f"r{c.rank}k{c.kernel}s{c.stride}m{c.k // c.c}"
@@ -613,13 +626,7 @@ def test_depthwise_bands_on_cpu(emu_backend, case, monkeypatch):
     """Note [depthwise bands]: forward (with bias) and grad_input of the 'bands' kernels in all four dtypes against
     aten in float64, outputs poisoned; the forward and grad_weight run 'bands' on every case, grad_input where the
     multiplier is 1 (stride 2: Note [bands phases])."""
-    launches = []
-    for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16):
-        x, w, b, problem, go, ref = _setup(case, dtype)
-        p = run_plan(emu_backend, monkeypatch, problem)
-        assert p.algorithm == "depthwise"
-        _check(_all(p, x, w, b, go), ref, dtype, f"bands ({'; '.join(p.kernels[0].lines())})")
-        launches += emu_backend.launches()
+    launches = _family_launches(emu_backend, case, monkeypatch, "bands")
     names = {x_.kernel for x_ in launches}
     assert f"portconv_depthwise_fwd_bands_s{case.stride}" in names, names
     assert (f"portconv_depthwise_bwd_data_bands_s{case.stride}" in names) == (case.k == case.c), names
@@ -627,6 +634,63 @@ def test_depthwise_bands_on_cpu(emu_backend, case, monkeypatch):
     splits = {view.arg_field(x_, "splits") for x_ in launches if "weight_bands" in x_.kernel}
     if case.size == 48:  # two bands: two units, split over the two emulated SMs (the finalize's path)
         assert max(splits) >= 2, splits
+
+
+CLW_CASES = [  # Note [depthwise clw]: channels-last filters of 2 to 9 taps an axis, not 3 along the last
+    EmuCase(2, 2, 8, 8, 9, 5, padding=2, groups=8, layout="chlast"),  # vector path in every dtype
+    EmuCase(2, 2, 12, 12, 10, 7, padding=3, groups=12, layout="chlast"),  # ConvNeXt's 7x7; weight splits > 1
+    EmuCase(2, 1, 8, 8, 11, 5, stride=2, padding=2, groups=8, layout="chlast"),  # stride 2: bwd-data on 'bands'
+    EmuCase(2, 1, 6, 6, 9, 4, padding=1, groups=6, layout="chlast"),  # even filter; 16-bit: C % 4, one a lane
+    EmuCase(2, 1, 66, 66, 5, 5, padding=2, groups=66, layout="chlast"),  # channel tiles of 32 groups and a rest
+]
+
+
+@pytest.mark.parametrize("case", CLW_CASES, ids=lambda c: f"k{c.kernel}s{c.stride}c{c.c}")
+def test_depthwise_clw_on_cpu(emu_backend, case, monkeypatch):
+    """Note [depthwise clw]: forward (with bias), grad_input and grad_weight of the 'clw' kernels in all four dtypes
+    against aten in float64, outputs poisoned; backward-data on 'clw' at stride 1 ('bands' phases at stride 2)."""
+    launches = _family_launches(emu_backend, case, monkeypatch, "clw")
+    names = {x_.kernel for x_ in launches}
+    assert {f"portconv_depthwise_fwd_clw_s{case.stride}", f"portconv_depthwise_bwd_weight_clw_s{case.stride}"} <= names
+    assert ("portconv_depthwise_bwd_data_clw_s1" in names) == (case.stride == 1), names
+    splits = {view.arg_field(x_, "splits") for x_ in launches if "weight_clw" in x_.kernel}
+    if case.kernel == 7:
+        assert max(splits) >= 2, splits
+
+
+def test_depthwise_clw_rule():
+    """Note [depthwise clw]: where the 'clw' kernels run, and their grids."""
+    from portconv.backends.simt import depthwise as D
+
+    def view_(hw, r, s=1, c=96, k=None, r1=None):
+        r1 = r1 or r
+        y = (hw + 2 * (r // 2) - r) // s + 1
+        return ConvView(64, c, k or c, c, (1, hw, hw), (1, y, y), (1, r1, r), (1, s, s), (0, r1 // 2, r // 2),
+                        (1, 1, 1))
+
+    assert D.clw_kernels(view_(56, 7), True, "bfloat16") == ("clw_s1", "clw_s1", "clw_s1")
+    assert D.clw_kernels(view_(56, 5, 2), True, "float32") == ("clw_s2", "", "clw_s2")
+    assert D.clw_kernels(view_(56, 7), False, "bfloat16") == ("", "", "")  # NCHW results: 'bands'
+    assert D.clw_kernels(view_(56, 3), True, "bfloat16") == ("", "", "")  # 3 taps: the tile kernels
+    assert D.clw_kernels(view_(56, 5, r1=3), True, "float32") == ("clw_s1",) * 3  # 3 rows, 5 columns
+    assert D.clw_kernels(view_(56, 13), True, "float32") == ("", "", "")  # 13 taps: 'bands'
+    assert D.clw_kernels(view_(56, 7, k=192), True, "float32") == ("", "", "")  # multiplier 2
+    assert D.clw_kernels(view_(56, 9), True, "float16") == ("clw_s1",) * 3  # 81 x 32 x 4 x 4 bytes: 41 KB
+    assert D.depthwise_kernels(view_(56, 7), True, "bfloat16") == {"fwd": "clw_s1", "bwd_data": "clw_s1",
+                                                                    "bwd_weight": "clw_s1"}
+    assert D.clw_groups(view_(56, 7), "bfloat16", 256) == (24, 1)  # 96 channels: 24 groups of 4
+    assert D.clw_groups(view_(14, 7, c=384), "float32", 256 // 7) == (32, 6)  # 192 groups of 2, 32 a block
+
+
+def test_depthwise_clw_constants():
+    """cuda/conv_depthwise_clw.cuh's defaults are depthwise.py's values (the 16-bit geometry)."""
+    from portconv.backends.simt import depthwise as D
+
+    src = (pathlib.Path(__file__).resolve().parents[1] / "cuda" / "conv_depthwise_clw.cuh").read_text()
+    th, vw, vww, minb = D.DWC_GEOMETRY["bfloat16"]
+    for name, value in (("PC_DWC_TH", th), ("PC_DWC_VW", vw), ("PC_DWC_VWW", vww), ("PC_DWC_MINB", minb),
+                        ("PC_DWC_CTMAX", D.DWC_CTMAX), ("PC_DWC_THREADS", view.THREADS)):
+        assert re.search(rf"#define {name} {value}\b", src), name
 
 
 def test_depthwise_bands_geometry():
@@ -709,7 +773,9 @@ def test_depthwise_selection(monkeypatch):
     assert ks(view_(1, k=288), cl=True)["fwd"] == "rows3s1"  # channel multiplier 2: no tile kernel
     assert ks(view_(1, r=5)) == {"fwd": "bands_s1", "bwd_data": "bands_s1", "bwd_weight": "bands_s1"}  # any filter
     assert ks(view_(2, r=5))["fwd"] == ks(view_(2, r=5))["bwd_data"] == "bands_s2"  # Note [bands phases]
-    assert ks(view_(1, r=5), cl=True) == {"fwd": "bands_s1", "bwd_data": "bands_s1", "bwd_weight": "bands_s1"}
+    assert ks(view_(1, r=5), cl=True) == {"fwd": "clw_s1", "bwd_data": "clw_s1", "bwd_weight": "clw_s1"}  # clw
+    assert ks(view_(2, r=5), cl=True) == {"fwd": "clw_s2", "bwd_data": "bands_s2", "bwd_weight": "clw_s2"}
+    assert ks(view_(1, r=5, k=288), cl=True)["fwd"] == "bands_s1"  # multiplier 2: not 'clw'
     assert ks(view_(1, r=5, k=288))["bwd_data"] == "rows" and ks(view_(1, rank=3, r=5))["fwd"] == "rows"
     assert ks(view_(1, rank=1, r=7)) == ks(dataclasses.replace(view_(1), R=(1, 1, 1))) == {
         "fwd": "rows", "bwd_data": "rows", "bwd_weight": "plain"}  # 1-D, 1x1: no filter rows for a column
