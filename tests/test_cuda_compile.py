@@ -658,6 +658,18 @@ def test_depthwise_clw_on_cpu(emu_backend, case, monkeypatch):
         assert max(splits) >= 2, splits
 
 
+def test_depthwise_clw_any_grid_computes_every_output(emu_backend, monkeypatch):
+    """Note [depthwise clw]: channel tiles and spatial tiles are grid-stride loops: one block of one channel tile
+    (grid (1, 1)) computes the whole forward and backward-data of a problem with several of each."""
+    from portconv.backends.simt import depthwise as D
+
+    monkeypatch.setattr(D, "DWC_BLOCKS_PER_UNIT", 0)
+    monkeypatch.setattr(D, "clw_groups", lambda view_, dtype, lanes: (min(view_.C, D.DWC_CTMAX, lanes), 1))
+    launches = _family_launches(emu_backend, CLW_CASES[-1], monkeypatch, "clw (one block)")
+    grids = {x_.grid for x_ in launches if "_clw_" in x_.kernel and "weight" not in x_.kernel}
+    assert grids == {(1, 1, 1)}, grids
+
+
 def test_depthwise_clw_rule():
     """Note [depthwise clw]: where the 'clw' kernels run, and their grids."""
     from portconv.backends.simt import depthwise as D

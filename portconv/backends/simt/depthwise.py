@@ -47,6 +47,7 @@ DIRECTIONS = ("fwd", "bwd_data", "bwd_weight")
 # axes; backward-data at stride 1. DWC_CTMAX: channel groups a block at most (PC_DWC_CTMAX); DWC_SHARED: the
 # staged filters' bytes at most (R1 x R2 x CTMAX x VC values).
 DWC_TAPS_MAX, DWC_CTMAX, DWC_SHARED = 9, 32, 49152
+DWC_BLOCKS_PER_UNIT = 32  # forward / backward-data blocks a compute unit at most; the kernels' loops take the rest
 # Per dtype (PC_DWC_TH, PC_DWC_VW, PC_DWC_VWW, PC_DWC_MINB): output rows x columns a lane of the forward and
 # backward-data, columns a weight-gradient unit, blocks an SM asked of ptxas. H100 sweep over ConvNeXt's 7x7 and
 # EfficientNet's 5x5 rows: 16-bit types 1 x 8 at 2 blocks an SM (4 x 4 spills at that cap: the forward ran 4x
@@ -244,7 +245,8 @@ class Depthwise:
             th, vw = DWC_GEOMETRY[self.t.dtype][:2]
             tiles = v.N * -(-ext[1] // th) * -(-ext[2] // vw)
             self.L.note(f"'{kernel}': {ct} channel group(s) a block, {th}x{vw} outputs a lane (Note [depthwise clw])")
-            return "_" + kernel, (max(1, -(-tiles // (THREADS // ct))), tiles_c, 1), 1
+            blocks = min(-(-tiles // (THREADS // ct)), self.t.units * DWC_BLOCKS_PER_UNIT)  # loops take the rest
+            return "_" + kernel, (max(1, blocks), tiles_c, 1), 1
         self._describe(direction, kernel)
         work = depthwise_work(v, direction, kernel, self.vk.cl, self.t.dtype, self.vk.rows_v)
         return "_" + kernel, self.L.elementwise_grid(work), 1
