@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import textwrap
 
 from ...problem import ConvView, Layout
 from ...tensors import dense_strides
@@ -22,6 +23,7 @@ DTYPE_CODE = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3}
 ITEM = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2}
 THREADS = 256
 GRID_YZ_MAX = 65535
+MODULE_LINE = 100  # a module's description (source and defines) wraps at this width in a plan's lines
 INDEX32_LIMIT = 2**31 - 1 - 2**26  # headroom for grid-stride steps past the last element
 # Note [warp finalize] (cuda/reduce.cuh): the finalize sums a value with a warp from WARP_FINALIZE splits and up to
 # WARP_FINALIZE_MAX values (more values fill the GPU with a thread a value, and its loads coalesce)
@@ -190,5 +192,5 @@ class Launches:
     def plan(self, summary: str) -> KernelPlan:
         modules = list(dict.fromkeys(x.module.describe() for x in self.launches))  # define sets; a unit a kernel
         lines = [*self.notes, *(f"{x.kernel} grid {'x'.join(map(str, x.grid))}" for x in self.launches),
-                 *modules]
+                 *(line for m in modules for line in textwrap.wrap(m, MODULE_LINE, subsequent_indent="  "))]
         return KernelPlan(self.result, summary, tuple(lines), tuple(self.buffers), tuple(self.launches))
