@@ -104,11 +104,12 @@ def dwb_splits(view: ConvView, dtype: str, units: int) -> tuple[int, int]:
     return -(-work // chunk), chunk
 
 
-def dwb_defines(view: ConvView, dtype: str) -> dict[str, int]:
+def dwb_defines(view: ConvView, dtype: str, kernels: tuple[str, str, str] | None = None) -> dict[str, int]:
     """The compile-time values of a view's bands module, by their names without the set's prefix (PC_DWB_ in the
-    CUDA set, BANDS_ in the OpenCL set): VH, CH, CHP, TW, and BYTES, the largest need of the directions the bands
-    kernels take in DWB_STEP steps; empty where they take none."""
-    fwd, bwd_data, bwd_weight = bands_kernels(view, dtype)
+    CUDA set, BANDS_ in the OpenCL set): VH, CH, CHP, TW, and BYTES, the largest need of the directions that run the
+    bands kernels (``kernels``: (fwd, bwd_data, bwd_weight), '' where another kernel runs; default bands_kernels) in
+    DWB_STEP steps; empty where none does."""
+    fwd, bwd_data, bwd_weight = bands_kernels(view, dtype) if kernels is None else kernels
     need = [dw_bands(view, d, dtype)[2] for d, k in (("fwd", fwd), ("bwd_data", bwd_data)) if k]
     need += [dwb_wgeometry(view, dtype)[2]] if bwd_weight else []
     if not need:

@@ -156,10 +156,8 @@ def _no_memo():
 
 def module_convnd(module, rank: int, name: str, input, weight, bias, stride, padding, dilation, groups, backend,
                   transposed=False, output_padding=0):
-    """A converted module's call: PyTorch's (Note [ATen's modules]), _convnd, or the module's memo where it holds
-    (Note [module memo])."""
-    if backend is None and policy.never_own(transposed, groups) and fastpath.plain_eager(input) and automatic():
-        return composite.torch_convnd(name, input, weight, bias, stride, padding, dilation, groups, output_padding)
+    """A converted module's call: the module's memo where it holds (Note [module memo]), else _convnd (which also
+    takes Note [ATen's modules]: those calls keep no memo)."""
     m = module.__dict__.get("_pc_memo")
     if m is not None and m.generation == fastpath.generation and type(input) is m.key[1] and (
             not fastpath.special() if m.cast is None

@@ -57,8 +57,8 @@ def tuning() -> bool:
 def automatic() -> bool:
     """Whether a call without ``backend=`` gets the automatic plan of the default options: no use_backend(),
     PORTCONV_BACKEND, tuning, portconv.options() block or disabled aten backend (Note [ATen's modules])."""
-    env, on = knobs.env(), _tuning.get()
-    return (_forced.get() is None and not (env.tune if on is None else on) and knobs.options() is knobs.DEFAULT_OPTIONS
+    env = knobs.env()
+    return (_forced.get() is None and not tuning() and knobs.options() is knobs.DEFAULT_OPTIONS
             and env.backend in (None, "auto") and "aten" not in env.disable)
 
 

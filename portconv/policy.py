@@ -147,19 +147,20 @@ def compiled_win(problem: Problem, ctx, wins: tuple[OwnKernelWin, ...] | None = 
 
 
 def _win(problem: Problem, own: BackendId, fwd: str, wins: tuple[OwnKernelWin, ...]) -> OwnKernelWin | None:
-    """The first row of ``wins`` for this problem, whose ATen forward would be ``fwd``, on the GPU's own backend
-    (a depthwise problem: Note [ATen's modules])."""
+    """The first row of ``wins`` for this problem, whose ATen forward would be ``fwd``, on the place's own backend
+    (a depthwise problem only: Note [ATen's modules])."""
     if not problem.is_depthwise:
         return None
     return next((w for w in wins if w.backend == own and fwd in w.replaces and w.applies(problem)), None)
 
 
 # Note [ATen's modules]
-# The rows of OWN_KERNEL_WINS and OWN_KERNEL_WINS_CPU take depthwise problems only (_win and cpu_policy test that
-# before any row), and ATen's is_depthwise needs groups == C_in > 1 and no transposition. So the automatic plan of a
-# transposed or single-group convolution is ATen's for every shape, dtype, layout, device and torch flag: there a
-# converted module's eager call under the automatic plan (planner.automatic) is torch.nn.functional's own call, with
-# no key, memo or plan to consult (a ResNet-50 bfloat16 step on the H100's host spent 2 ms in those checks).
+# The rows of OWN_KERNEL_WINS and OWN_KERNEL_WINS_CPU take depthwise problems only (_win, which gpu_policy and
+# cpu_policy ask, tests that before any row), and ATen's is_depthwise needs groups == C_in > 1 and no transposition.
+# So the automatic plan of a transposed or single-group convolution is ATen's for every shape, dtype, layout, device
+# and torch flag: there an eager call under the automatic plan (planner.automatic) is torch.nn.functional's own
+# call, with no key, memo or plan to consult (a ResNet-50 bfloat16 step on the H100's host spent 2 ms in those
+# checks).
 def never_own(transposed: bool, groups: int) -> bool:
     """Whether the automatic plan is ATen's for every problem of a convolution with these arguments."""
     return transposed or groups == 1
@@ -244,9 +245,9 @@ def cpu_policy(problem: Problem, ctx, wins: tuple[OwnKernelWin, ...] | None = No
         fwd = aten_answer(problem, ctx)[0]
     except ConvError as e:
         return ((BackendId.ATEN, f"ATen refuses this problem ({e})"),), ()
-    for win in wins if problem.is_depthwise else ():  # Note [ATen's modules]
-        if fwd in win.replaces and win.applies(problem):
-            return ((win.backend, f"OWN_KERNEL_WINS_CPU: {win.what}: {win.evidence}; ATen would run {fwd}"),
-                    (BackendId.ATEN, f"fallback: ATen runs it as {fwd}")), ()
+    win = _win(problem, BackendId.OPENCL, fwd, wins)  # the CPU's own kernels are the OpenCL set's
+    if win is not None:
+        return ((win.backend, f"OWN_KERNEL_WINS_CPU: {win.what}: {win.evidence}; ATen would run {fwd}"),
+                (BackendId.ATEN, f"fallback: ATen runs it as {fwd}")), ()
     return ((BackendId.ATEN, f"ATen's CPU route ({fwd}): faster than PoCL here (Note [CPU wins])"),), \
         ((BackendId.OPENCL, "OWN_KERNEL_WINS_CPU has no row for this problem"),)

@@ -192,7 +192,8 @@ def depthwise_weight_grid(view: ConvView, kernel: str, cl: bool, dtype: str, uni
 
 class ViewKernels:
     """The depthwise choices of one view and result layout: the kernel per direction, the 'rows' strip width and the
-    'planes' module's shared memory and blocks an SM; ``defines``: what they add to the module's."""
+    'planes' module's shared memory and blocks an SM; ``defines``: what they add to every module of the plan,
+    ``family_defines``: what the 'bands' and 'clw' kernels' modules add (defines_of)."""
 
     def __init__(self, view: ConvView, dtype: str, cl: bool, arch: str):
         self.view, self.dtype, self.cl = view, dtype, cl
@@ -205,12 +206,20 @@ class ViewKernels:
         if "planes" in self.kernels.values():  # Note [depthwise planes]: the view's shared memory and blocks an SM
             smem, self.dwp_blocks = dwp_build(view, V.ITEM[dtype], arch)
             self.defines.update(PC_DWP_BYTES=smem, PC_DWP_MINB=max(1, self.dwp_blocks))
-        # Note [depthwise bands]: the module's shared memory, filter-row steps and rows a thread
-        self.defines.update({"PC_DWB_" + k: v for k, v in dwb_defines(view, dtype).items()})
-        if any(k.startswith("clw") for k in self.kernels.values()):  # Note [depthwise clw]: the module's filter
-            th, vw, vww, minb = DWC_GEOMETRY[dtype]
-            self.defines.update(PC_DWC_R1=view.R[1], PC_DWC_R2=view.R[2], PC_DWC_TH=th, PC_DWC_VW=vw, PC_DWC_VWW=vww,
-                                PC_DWC_MINB=minb)
+        # Defines of one family, given to its launches only (the other modules of the plan, the finalize's among
+        # them, do not depend on them). Note [depthwise bands]: shared memory, filter-row steps and rows a thread,
+        # sized for the directions that run 'bands'; Note [depthwise clw]: the filter and the dtype's geometry.
+        ks = tuple(self.kernels[d] for d in DIRECTIONS)
+        bands = tuple(k if k.startswith("bands") else "" for k in ks)
+        th, vw, vww, minb = DWC_GEOMETRY[dtype]
+        self.family_defines: dict[str, dict[str, int]] = {
+            "bands": {"PC_DWB_" + k: v for k, v in dwb_defines(view, dtype, bands).items()},
+            "clw": dict(PC_DWC_R1=view.R[1], PC_DWC_R2=view.R[2], PC_DWC_TH=th, PC_DWC_VW=vw, PC_DWC_VWW=vww,
+                        PC_DWC_MINB=minb) if any(k.startswith("clw") for k in ks) else {}}
+
+    def defines_of(self, kernel: str) -> dict[str, int] | None:
+        """The family defines of a kernel suffix ('bands_s1', 'clw_s2', ...), None for the other families."""
+        return self.family_defines.get(kernel.lstrip("_").split("_")[0])
 
 
 class Depthwise:
@@ -269,13 +278,14 @@ class Depthwise:
 
     def fwd(self, x: Operand, w: Operand, y: Operand, bias: Operand | None) -> None:
         suffix, grid, chunk = self._spatial("fwd", x, y)
-        self.L.launch("portconv_depthwise_fwd" + suffix, grid, x=x, w=w, y=y, b=bias, xs=V.strides5(x),
-                      wst=V.strides5(w), ys=V.strides5(y), bs=V.bias_stride(bias), chunk=chunk)
+        self.L.launch("portconv_depthwise_fwd" + suffix, grid, self.vk.defines_of(suffix), x=x, w=w, y=y, b=bias,
+                      xs=V.strides5(x), wst=V.strides5(w), ys=V.strides5(y), bs=V.bias_stride(bias), chunk=chunk)
 
     def bwd_data(self, dx: Operand, w: Operand, dy: Operand, bias: Operand | None) -> None:
         suffix, grid, chunk = self._spatial("bwd_data", dy, dx)
-        self.L.launch("portconv_depthwise_bwd_data" + suffix, grid, x=dx, w=w, y=dy, b=bias, xs=V.strides5(dx),
-                      wst=V.strides5(w), ys=V.strides5(dy), bs=V.bias_stride(bias), chunk=chunk)
+        self.L.launch("portconv_depthwise_bwd_data" + suffix, grid, self.vk.defines_of(suffix), x=dx, w=w, y=dy,
+                      b=bias, xs=V.strides5(dx), wst=V.strides5(w), ys=V.strides5(dy), bs=V.bias_stride(bias),
+                      chunk=chunk)
 
     def bwd_weight(self, x: Operand, dy: Operand, dw: Operand) -> None:
         v, kernel = self.v, self.vk.kernels["bwd_weight"]
@@ -290,7 +300,7 @@ class Depthwise:
             splits, chunk = V.splits_for(v.K * chunks, v.y_positions, 4 * THREADS, self.t.units, count)
             grid, name = (v.K * chunks, splits, 1), "portconv_depthwise_bwd_weight"
         ws = self.L.workspace("ws", splits * count) if splits > 1 else None
-        self.L.launch(name, grid, x=x, w=dw, y=dy, ws=ws, xs=V.strides5(x), wst=V.strides5(dw), ys=V.strides5(dy),
-                      splits=splits, chunk=chunk)
+        self.L.launch(name, grid, self.vk.defines_of(kernel), x=x, w=dw, y=dy, ws=ws, xs=V.strides5(x),
+                      wst=V.strides5(dw), ys=V.strides5(dy), splits=splits, chunk=chunk)
         if splits > 1:
             self.L.finalize(count, splits, w=dw, ws=ws, wst=V.strides5(dw), C=v.C // v.G)
