@@ -16,10 +16,10 @@
  *   o S - P1 + r1. Lanes of one channel group and different r1 read the same dY strip (L1 hits). Splits go through
  *   portconv_split_finalize in a fixed order: deterministic, no atomics.
  * The geometry (TH, VW, VWW and the blocks an SM asked of ptxas) is the host's per dtype (DWC_GEOMETRY of
- * portconv/backends/simt/depthwise.py, with its evidence); the defaults below are its 16-bit values.
+ * portconv/dwclw.py, with its evidence, shared with opencl/clw.cl); the defaults below are its 16-bit values.
  * Where the vector path does not apply (pc_dwt_vec_ok: strides, alignment, C % VC), the same bodies run with one
  * channel a lane. Channel tiles and spatial tiles are grid-stride loops, so any grid computes every output; the host
- * (portconv/backends/simt/depthwise.py, clw_*) picks the grid that fills the GPU.
+ * (portconv/dwclw.py, clw_grid and clw_splits) picks the grid that fills the GPU.
  */
 #pragma once
 

@@ -661,7 +661,7 @@ def test_depthwise_clw_on_cpu(emu_backend, case, monkeypatch):
 def test_depthwise_clw_any_grid_computes_every_output(emu_backend, monkeypatch):
     """Note [depthwise clw]: channel tiles and spatial tiles are grid-stride loops: one block of one channel tile
     (grid (1, 1)) computes the whole forward and backward-data of a problem with several of each."""
-    from portconv.backends.simt import depthwise as D
+    from portconv import dwclw as D
 
     monkeypatch.setattr(D, "DWC_BLOCKS_PER_UNIT", 0)
     monkeypatch.setattr(D, "clw_groups", lambda view_, dtype, lanes: (min(view_.C, D.DWC_CTMAX, lanes), 1))
@@ -672,7 +672,8 @@ def test_depthwise_clw_any_grid_computes_every_output(emu_backend, monkeypatch):
 
 def test_depthwise_clw_rule():
     """Note [depthwise clw]: where the 'clw' kernels run, and their grids."""
-    from portconv.backends.simt import depthwise as D
+    from portconv import dwclw as D
+    from portconv.backends.simt import depthwise
 
     def view_(hw, r, s=1, c=96, k=None, r1=None):
         r1 = r1 or r
@@ -688,15 +689,15 @@ def test_depthwise_clw_rule():
     assert D.clw_kernels(view_(56, 13), True, "float32") == ("", "", "")  # 13 taps: 'bands'
     assert D.clw_kernels(view_(56, 7, k=192), True, "float32") == ("", "", "")  # multiplier 2
     assert D.clw_kernels(view_(56, 9), True, "float16") == ("clw_s1",) * 3  # 81 x 32 x 4 x 4 bytes: 41 KB
-    assert D.depthwise_kernels(view_(56, 7), True, "bfloat16") == {"fwd": "clw_s1", "bwd_data": "clw_s1",
-                                                                    "bwd_weight": "clw_s1"}
+    assert depthwise.depthwise_kernels(view_(56, 7), True, "bfloat16") == {
+        "fwd": "clw_s1", "bwd_data": "clw_s1", "bwd_weight": "clw_s1"}
     assert D.clw_groups(view_(56, 7), "bfloat16", 256) == (24, 1)  # 96 channels: 24 groups of 4
     assert D.clw_groups(view_(14, 7, c=384), "float32", 256 // 7) == (32, 6)  # 192 groups of 2, 32 a block
 
 
 def test_depthwise_clw_constants():
-    """cuda/conv_depthwise_clw.cuh's defaults are depthwise.py's values (the 16-bit geometry)."""
-    from portconv.backends.simt import depthwise as D
+    """cuda/conv_depthwise_clw.cuh's defaults are portconv/dwclw.py's values (the 16-bit geometry)."""
+    from portconv import dwclw as D
 
     src = (pathlib.Path(__file__).resolve().parents[1] / "cuda" / "conv_depthwise_clw.cuh").read_text()
     th, vw, vww, minb = D.DWC_GEOMETRY["bfloat16"]

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from portconv.backends.opencl import depthwise, igemm
+from portconv.backends.opencl import clw, depthwise, igemm
 from portconv.backends.opencl.kernels import SLOT, Operand
 from portconv.backends.opencl.select import Facts, build, choose, implied_layouts, tc_mode
 from portconv.conformance import cases as C
@@ -65,6 +65,7 @@ DW = problem((2, 16, 14, 14), (16, 1, 3, 3), padding=1, groups=16)
 DW_CL = problem((2, 16, 9, 13), (16, 1, 3, 3), padding=1, groups=16, fmt="channels_last", dtype="bfloat16",
                 kind="pyopencl")
 X_WSTRIDED = Layout((2, 16, 14, 14), (16 * 14 * 28, 14 * 28, 28, 2))
+DW_CLW = problem((2, 96, 14, 14), (96, 1, 7, 7), padding=3, groups=96, fmt="channels_last")  # Note [depthwise clw]
 
 # (id, problem, device, options, tf32, fwd layouts or None) -> (algorithm, memory format, math,
 #   {result: [(kernel, grid, block), ...]}, {result: defines of its first launch that must hold})
@@ -136,6 +137,21 @@ TABLE = [
         "output": [("dw_cl_fwd", (2, 2, 18), (2, 2, 2))],
         "grad_weight": [("dw_cl_bwd_weight", (2, 4), (1, 1)), ("dw_finalize", (144,), (16,))]},
         {"output": {"DW_CL": "", "DW_CLW": "16", "DW_CPU": ""}})),
+    # Note [depthwise clw]: float32 4x4 outputs an item, 48 channel groups of 2 in tiles of 32; the weight gradient's
+    # (n, row, 8 columns) units: 56 in 4 splits on 2 compute units
+    ("depthwise-clw-pocl", DW_CLW, POCL, Options(), TF32_ON, None, ("depthwise", "channels_last", "ieee", {
+        "output": [("clw_fwd_s1", (1024, 2), (256, 1))], "grad_input": [("clw_bwd_data_s1", (1024, 2), (256, 1))],
+        "grad_weight": [("clw_bwd_weight_s1", (1024, 2), (256, 1)), ("clw_finalize", (4736,), (64,))],
+        "grad_bias": [("depthwise_bias_grad", (6144,), (64,))]},
+        {"output": {"CLW_R1": "7", "CLW_R2": "7", "CLW_TH": "4", "CLW_VW": "4", "CLW_VWW": "8", "DTYPE_F32": ""}})),
+    # bfloat16 1x8 an item, 24 groups of 4 in one tile; 28 units of 16 columns, a split each on 132 compute units
+    ("depthwise-clw-h100", dataclasses.replace(DW_CLW, input=spec((2, 96, 14, 14), "channels_last", "bfloat16",
+                                                                   "pyopencl"),
+                                               weight=spec((96, 1, 7, 7), dtype="bfloat16", kind="pyopencl")),
+     H100, Options(), TF32_ON, None, ("depthwise", "channels_last", "fp32-accumulate", {
+         "output": [("clw_fwd_s1", (1536, 1), (256, 1))], "grad_input": [("clw_bwd_data_s1", (1536, 1), (256, 1))],
+         "grad_weight": [("clw_bwd_weight_s1", (7168, 1), (256, 1)), ("clw_finalize", (4736,), (64,))]},
+         {"output": {"CLW_TH": "1", "CLW_VW": "8", "CLW_VWW": "16", "DTYPE_BF16": ""}})),
 ]
 
 
@@ -155,9 +171,86 @@ def test_selection_table(row):
         for x in k.launches:  # 32-bit indices everywhere here; the grid a multiple of the work-group
             assert ("IDX64", "") not in x.module.defines
             assert all(g % b == 0 for g, b in zip(x.grid, x.block))
-    if "cl" in name and device.kind == "gpu":
+    if name.startswith("depthwise-cl-") and device.kind == "gpu":
         assert "DW_CPU" not in defines(ks["output"])
         assert "8 channel blocks x 32 position lanes" in ks["grad_weight"].summary
+
+
+def _clw_case(k, fmt="channels_last", dtype="float32", c=12, stride=1, dilation=1, mult=1):
+    return problem((2, c, 13, 13), (c * mult, 1, *k), stride=stride, padding=tuple(r // 2 for r in k),
+                   dilation=dilation, groups=c, fmt=fmt, dtype=dtype)
+
+
+# Note [depthwise clw]: (id, problem, device) -> (the first kernel of output, grad_input, grad_weight; a reason part)
+CLW_RULE = [
+    ("7x7-cl", _clw_case((7, 7)), POCL, ("clw_fwd_s1", "clw_bwd_data_s1", "clw_bwd_weight_s1"),
+     "depthwise, channel multiplier 1: the clw kernels (opencl/clw.cl, Note [depthwise clw])"),
+    ("2x9-cl-float64", _clw_case((2, 9), dtype="float64"), POCL,
+     ("clw_fwd_s1", "clw_bwd_data_s1", "clw_bwd_weight_s1"), "vectorised kernels not used: results channels_last"),
+    ("9x9-cl-float16", _clw_case((9, 9), dtype="float16"), H100, ("clw_fwd_s1", "clw_bwd_data_s1",
+                                                                   "clw_bwd_weight_s1"), "Note [depthwise clw]"),
+    ("5x5-cl-stride2", _clw_case((5, 5), stride=2), POCL, ("clw_fwd_s2", "bands_bwd_data_s2", "clw_bwd_weight_s2"),
+     "the clw kernels (opencl/clw.cl, Note [depthwise clw]), else bands"),
+    ("4x4-cl-stride2-multiplier2", _clw_case((4, 4), stride=2, mult=2), POCL,
+     ("bands_fwd_s2", "depthwise_bwd_data", "bands_bwd_weight_s2"), "the bands kernels"),  # multiplier 2: not clw
+    ("7x7-nchw", _clw_case((7, 7), fmt="contiguous"), POCL, ("bands_fwd_s1", "bands_bwd_data_s1",
+                                                              "bands_bwd_weight_s1"), "the bands kernels"),
+    ("13x13-cl", _clw_case((13, 13)), POCL, ("bands_fwd_s1", "bands_bwd_data_s1", "bands_bwd_weight_s1"),
+     "the bands kernels"),
+    ("3x3-cl", _clw_case((3, 3), c=16), POCL, ("dw_cl_fwd", "dw_cl_bwd_data", "dw_cl_bwd_weight"),
+     "channels-last kernels (opencl/depthwise.cl)"),
+    ("5x5-cl-c16", _clw_case((5, 5), c=16), POCL, ("dw_cl_fwd", "dw_cl_bwd_data", "dw_cl_bwd_weight"),
+     "channels-last kernels (opencl/depthwise.cl)"),  # depthwise.cl's program first, as before clw
+    ("5x5-cl-c16-float16", _clw_case((5, 5), c=16, dtype="float16"), POCL,
+     ("clw_fwd_s1", "clw_bwd_data_s1", "clw_bwd_weight_s1"), "Note [depthwise clw]"),
+    ("5x3-cl", _clw_case((5, 3)), POCL, ("depthwise_fwd", "depthwise_bwd_data", "depthwise_bwd_weight"),
+     "the generic kernels"),  # 3 taps along the last axis
+    ("7x7-cl-dilation2", _clw_case((7, 7), dilation=2), POCL, ("depthwise_fwd", "depthwise_bwd_data",
+                                                                "depthwise_bwd_weight"), "the generic kernels"),
+    ("1x7-cl", _clw_case((1, 7)), POCL, ("depthwise_fwd", "depthwise_bwd_data", "depthwise_bwd_weight"),
+     "the generic kernels"),
+]
+
+
+@pytest.mark.parametrize("row", CLW_RULE, ids=lambda r: r[0])
+def test_clw_selection(row):
+    """Which channels-last depthwise problems the clw kernels take (ahead of bands, after depthwise.cl's programs),
+    direction by direction, and the reason that says so."""
+    _, pr, device, kernels, reason = row
+    choice, ks = plans(pr, device)
+    got = tuple(ks[r].launches[0].kernel for r in ("output", "grad_input", "grad_weight"))
+    assert got == kernels and reason in choice.reason, (got, choice.reason)
+    assert ("clw" in choice.reason) == any(k.startswith("clw") for k in kernels), choice.reason
+
+
+def test_clw_launch_limits_fall_to_bands():
+    """A compiled clw kernel allowing fewer than 256 work-items a group, or a device with less local memory than the
+    staged filters (9x9 float16: 41472 B), runs the next set (bands) for that direction and says why."""
+    pr = _clw_case((9, 9), dtype="float16")
+    ks = plans(pr, POCL)[1]
+    fwd = ks["output"].launches[0]
+    ks = plans(pr, POCL, limits={(fwd.module, fwd.kernel): 128})[1]
+    assert [ks[r].launches[0].kernel for r in ("output", "grad_input")] == ["bands_fwd_s1", "clw_bwd_data_s1"]
+    assert "clw kernels not used: clw_fwd_s1 needs 256-item work-groups, the device allows 128" in ks["output"].lines()
+    small = dataclasses.replace(POCL, local_mem_bytes=32 << 10)
+    ks = plans(pr, small)[1]
+    got = [ks[r].launches[0].kernel for r in ("output", "grad_input", "grad_weight")]
+    assert got == ["bands_fwd_s1", "bands_bwd_data_s1", "clw_bwd_weight_s1"], got  # no local memory in the weight's
+    assert ("clw kernels not used: clw_bwd_data_s1 needs 41472 B of local memory, the device has 32768 B"
+            in ks["grad_input"].lines())
+
+
+def test_bands_module_sized_for_the_directions_bands_runs(monkeypatch):
+    """Where clw takes the forward and the weight gradient, the bands module of the stride-2 backward-data (four
+    phases) holds that direction's local array only, as the CUDA set's family defines: 16 KB, not the 40 KB of the
+    forward's 51 planes a group (over the 32 KB some devices have)."""
+    pr = problem((3, 4, 7, 9), (4, 1, 2, 2), stride=2, padding=1, groups=4, fmt="channels_last")
+    ks = plans(pr, POCL)[1]
+    assert launches(ks["grad_input"])[0][0] == "bands_bwd_data_s2" and defines(ks["grad_input"])["BANDS_BYTES"] == \
+        "16384"
+    monkeypatch.setattr(clw, "kernels", lambda *a: dict.fromkeys(clw.DIRECTIONS, ""))
+    ks = plans(pr, POCL)[1]
+    assert [defines(ks[r])["BANDS_BYTES"] for r in ("output", "grad_input")] == ["40960", "40960"]
 
 
 def test_depthwise_cl_alignment_from_layouts():

@@ -12,7 +12,8 @@ import math
 from ... import dwbands as geometry
 from ...dwbands import THREADS
 from ..program import Bind, Buffer
-from .kernels import Ctx, Operand, Part, bias_bind, bias_fields, desc, make_launch
+from . import clw
+from .kernels import Ctx, Operand, Part, bias_bind, bias_fields, desc, fitted_launch, make_launch, part_of
 
 SOURCE = "bands.cl"
 
@@ -28,23 +29,20 @@ def takes(view, dtype: str) -> bool:
     return any(_kernels(view, dtype).values())
 
 
-def _defines(ctx: Ctx) -> dict:
-    """The module of a view: geometry.dwb_defines under the BANDS_ prefix (BANDS_BYTES sizes the local array)."""
-    return {"DEPTHWISE": "", **{"BANDS_" + k: v for k, v in geometry.dwb_defines(ctx.view, ctx.dtype).items()}}
+def _defines(ctx: Ctx, direction: str) -> dict:
+    """The module of a view: geometry.dwb_defines under the BANDS_ prefix, BANDS_BYTES (the local array) sized for
+    the directions that run bands: not those the clw kernels take (as the CUDA set's), unless ``direction``, the
+    launch's, is one (a clw launch that cannot run)."""
+    ks, taken = _kernels(ctx.view, ctx.dtype), clw.kernels(ctx.view, ctx.dtype, ctx.fmt)
+    runs = tuple(ks[d] if d == direction or not taken[d] else "" for d in clw.DIRECTIONS)
+    return {"DEPTHWISE": "", **{"BANDS_" + k: v for k, v in geometry.dwb_defines(ctx.view, ctx.dtype, runs).items()}}
 
 
-def _launch(ctx: Ctx, kernel: str, grid, block, args, binds, ops, extra: int = 0):
+def _launch(ctx: Ctx, direction: str, kernel: str, grid, block, args, binds, ops, extra: int = 0):
     """The launch, or why it cannot run (a compiled kernel allowing fewer work-items than ``block``)."""
     groups = math.prod(-(-g // b) * b for g, b in zip(grid, block))
-    mod = ctx.module(SOURCE, ctx.idx64(groups, *ops, extra=extra), _defines(ctx))
-    if ctx.limit(mod, kernel) < math.prod(block):
-        return f"{kernel} needs {math.prod(block)}-item work-groups, the device allows {ctx.limit(mod, kernel)}"
-    return make_launch(mod, kernel, grid, block, args, binds)
-
-
-def _part(summary: str, *launches) -> tuple[Part | None, list[str]]:
-    bad = [x for x in launches if isinstance(x, str)]
-    return (None, [f"bands kernels not used: {bad[0]}"]) if bad else (Part(summary, [], list(launches)), [])
+    mod = ctx.module(SOURCE, ctx.idx64(groups, *ops, extra=extra), _defines(ctx, direction))
+    return fitted_launch(ctx, mod, kernel, grid, block, args, binds)
 
 
 def _spatial(ctx: Ctx, direction: str, src: Operand, w: Operand, dst: Operand, bias: Operand | None):
@@ -60,10 +58,10 @@ def _spatial(ctx: Ctx, direction: str, src: Operand, w: Operand, dst: Operand, b
     so, do = ("xo", "yo") if direction == "fwd" else ("yo", "xo")
     binds = (src.bind(1, so), w.bind(2, "wo"), bias_bind(bias, 3), dst.bind(4, do))
     name = f"bands_{direction}_{kernel.removeprefix('bands_')}"
-    launch = _launch(ctx, name, (-(-results // planes) * bands * THREADS, phases), (THREADS, 1), args, binds,
-                     (x, w, y))
-    return _part(f"{name} (opencl/bands.cl): {planes} plane(s) a group, {bands} band(s) a plane, "
-                 f"{geometry.dwb_vh(v)} rows an item", launch)
+    launch = _launch(ctx, direction, name, (-(-results // planes) * bands * THREADS, phases), (THREADS, 1), args,
+                     binds, (x, w, y))
+    return part_of("bands", f"{name} (opencl/bands.cl): {planes} plane(s) a group, {bands} band(s) a plane, "
+                            f"{geometry.dwb_vh(v)} rows an item", launch)
 
 
 def fwd(ctx: Ctx, x: Operand, w: Operand, y: Operand, bias: Operand | None) -> tuple[Part | None, list[str]]:
@@ -88,17 +86,18 @@ def bwd_weight(ctx: Ctx, x: Operand, y: Operand, w: Operand) -> tuple[Part | Non
     strides = dict(xs=x.strides5, ws=w.strides5, ys=y.strides5)
     name = f"bands_bwd_weight_{kernel.removeprefix('bands_')}"
     ws = Bind(4, "partials") if splits > 1 else Bind(4, "dummy")
-    launch = _launch(ctx, name, (v.K * THREADS, splits), (THREADS, 1), desc(v, red=chunk, total=splits, **strides),
+    launch = _launch(ctx, "bwd_weight", name, (v.K * THREADS, splits), (THREADS, 1),
+                     desc(v, red=chunk, total=splits, **strides),
                      (x.bind(1, "xo"), y.bind(2, "yo"), w.bind(3, "wo"), ws), (x, w, y), part_elems)
     summary = (f"{name} (opencl/bands.cl): a group a (channel, split), {splits} split(s) of {chunk} unit(s) "
                f"of {planes} plane(s)")
     if splits == 1:
-        return _part(summary, launch)
+        return part_of("bands", summary, launch)
     fin = desc(v, ws=w.strides5, total=v.K * taps, red=splits)
-    mod = ctx.module(SOURCE, ctx.idx64(v.K * taps, w, extra=part_elems), _defines(ctx))
+    mod = ctx.module(SOURCE, ctx.idx64(v.K * taps, w, extra=part_elems), _defines(ctx, "bwd_weight"))
     ls = max(1, min(64, ctx.limit(mod, "bands_finalize")))
     finalize = make_launch(mod, "bands_finalize", (v.K * taps,), (ls,), fin, (Bind(1, "partials"), w.bind(2, "wo")))
-    out, why = _part(summary, launch, finalize)
+    out, why = part_of("bands", summary, launch, finalize)
     if out is not None:
         out.buffers.append(Buffer("partials", (part_elems,), (1,), ctx.acc_dtype))
     return out, why

@@ -171,6 +171,22 @@ def make_launch(module: Module, kernel: str, grid, block, args, binds, local_byt
     return Launch(module, kernel, grid, tuple(block), tuple(args), tuple(binds), local_bytes=local_bytes)
 
 
+def fitted_launch(ctx: Ctx, mod: Module, kernel: str, grid, block, args, binds, local: int = 0) -> Launch | str:
+    """make_launch, or why the launch cannot run: its compiled kernel allows fewer work-items than ``block`` (Note
+    [work-group limits]), or the device has less local memory than the kernel's static ``local`` bytes."""
+    if ctx.limit(mod, kernel) < math.prod(block):
+        return f"{kernel} needs {math.prod(block)}-item work-groups, the device allows {ctx.limit(mod, kernel)}"
+    if 0 < ctx.device.local_mem_bytes < local:
+        return f"{kernel} needs {local} B of local memory, the device has {ctx.device.local_mem_bytes} B"
+    return make_launch(mod, kernel, grid, block, args, binds)
+
+
+def part_of(family: str, summary: str, *launches: Launch | str) -> tuple[Part | None, list[str]]:
+    """A direction's Part of these launches, or None and why (``family``'s kernels not used) where one cannot run."""
+    bad = [x for x in launches if isinstance(x, str)]
+    return (None, [f"{family} kernels not used: {bad[0]}"]) if bad else (Part(summary, [], list(launches)), [])
+
+
 def pow2_floor(v: int) -> int:
     p = 1
     while p * 2 <= v:

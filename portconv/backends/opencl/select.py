@@ -12,7 +12,7 @@ from ...rules import TorchContext, result_format
 from ...tensors import FLOATING, TensorSpec, dense_strides
 from .. import Choice
 from ..program import KernelPlan, Module
-from . import bands, depthwise, igemm
+from . import bands, clw, depthwise, igemm
 from .kernels import INT32_MAX, Ctx, Operand, Part, bias_grad, direct, result
 from .runtime import upload_strides
 
@@ -107,6 +107,12 @@ def _family(problem: Problem, view: ConvView, device: DeviceInfo, options: Optio
         if cl is not None:
             return "depthwise", f"{head}: channels-last kernels (opencl/depthwise.cl) where the layouts allow"
         why = f"results {fmt}, {why}" if fmt != "contiguous" else depthwise.dw_spec(problem, view, fmt, cpu)[1]
+        if clw.takes(view, problem.dtype, fmt):  # Note [depthwise clw]: ahead of bands
+            rest = ("" if clw.covers(view, problem.dtype, fmt) else
+                    ", else bands" if bands.takes(view, problem.dtype) else
+                    ", else conv.cl")
+            return "depthwise", (f"{head}: the clw kernels (opencl/clw.cl, Note [depthwise clw]){rest}; vectorised "
+                                 f"kernels not used: {why}")
         if bands.takes(view, problem.dtype):
             return "depthwise", (f"{head}: the bands kernels (opencl/bands.cl, Note [depthwise bands]); vectorised "
                                  f"kernels not used: {why}")
@@ -145,7 +151,7 @@ def context(problem: Problem, device: DeviceInfo, options: Options, choice: Choi
 
 def _sets(ctx: Ctx) -> tuple:
     """The specialised kernel sets the family tries, in order, before the direct kernels."""
-    return (depthwise, bands) if ctx.family == "depthwise" else (igemm,) if ctx.family.startswith("igemm") else ()
+    return (depthwise, clw, bands) if ctx.family == "depthwise" else (igemm,) if ctx.family.startswith("igemm") else ()
 
 
 def _data(ctx: Ctx, kind: str, x: Operand, w: Operand, y: Operand, bias: Operand | None) -> tuple[Part, list[str]]:

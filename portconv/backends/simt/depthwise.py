@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 from ...dwbands import bands_kernels, dw_bands, dwb_defines, dwb_phases, dwb_splits, dwb_vh
+from ...dwclw import DWC_GEOMETRY, DWC_VC, clw_defines, clw_grid, clw_kernels, clw_splits
 from ...problem import ConvView
 from . import view as V
 from .view import THREADS, Launches, Operand
@@ -24,7 +25,7 @@ DW_V_WIDE16 = 16
 # [packed rows]), 'tilen3d_s*', 'tile_s*' (2-D channels-last), 'tile3d_s*'
 DW_TILE = {"nchw": (8, 2), "nchw16": (8, 4), "nchw3d": (8, 2), "cl": (14, 2), "cl3d": (4, 2),
            "w4": (8, 2)}  # 'w4': the weight gradient's unit with 4 channels a thread (PC_DWT_THW4, _VWW4)
-DW_TILE_VC = {"float32": 2, "float16": 4, "bfloat16": 4, "float64": 1}  # PC_DWT_VC: channels per thread (CL)
+DW_TILE_VC = DWC_VC  # PC_DWT_VC: channels per thread (CL), as the 'clw' kernels' lanes
 # Note [depthwise tile]: the tile kernels run fwd / bwd-data on channels-last data, and on NCHW data with at least
 # DW_TILE_MIN_ROWS output rows and DW_TILE_MIN_WORK 4 x 4 output tiles (smaller planes and under-filled grids run
 # faster on 'rows'; mbv2-dw3x3-b1's 25088 on the 8 x 2 tile)
@@ -42,41 +43,6 @@ DWP_BLOCKS = {2: 5, 4: 6, 8: 4}  # 0: a block a chunk
 DWP_SM_BYTES = {"sm_90": 233472, "sm_100": 233472, "sm_80": 167936, "sm_87": 167936}  # shared memory an SM (grids)
 DWP_SM_BYTES_OTHER = 102400  # other NVIDIA GPUs; AMD GPUs: 65536 (an LDS)
 DIRECTIONS = ("fwd", "bwd_data", "bwd_weight")
-# Note [depthwise clw] (cuda/conv_depthwise_clw.cuh): channels-last 2-D filters of 2 to DWC_TAPS_MAX taps an axis
-# (not 3 along the last: the 3-tap kernels take those), multiplier 1, dilation 1, the same stride 1 or 2 on both
-# axes; backward-data at stride 1. DWC_CTMAX: channel groups a block at most (PC_DWC_CTMAX); DWC_SHARED: the
-# staged filters' bytes at most (R1 x R2 x CTMAX x VC values).
-DWC_TAPS_MAX, DWC_CTMAX, DWC_SHARED = 9, 32, 49152
-DWC_BLOCKS_PER_UNIT = 32  # forward / backward-data blocks a compute unit at most; the kernels' loops take the rest
-# Per dtype (PC_DWC_TH, PC_DWC_VW, PC_DWC_VWW, PC_DWC_MINB): output rows x columns a lane of the forward and
-# backward-data, columns a weight-gradient unit, blocks an SM asked of ptxas. H100 sweep over ConvNeXt's 7x7 and
-# EfficientNet's 5x5 rows: 16-bit types 1 x 8 at 2 blocks an SM (4 x 4 spills at that cap: the forward ran 4x
-# slower; uncapped it ran up to 38% slower than 1 x 8); float32 4 x 4 uncapped (convnext-dw7x7-st1-cl forward
-# 0.214 ms against 0.297 ms at 1 x 8). The header's defaults are the 16-bit values.
-DWC_GEOMETRY = {"float16": (1, 8, 16, 2), "bfloat16": (1, 8, 16, 2), "float32": (4, 4, 8, 1), "float64": (4, 4, 8, 1)}
-
-
-def clw_kernels(view: ConvView, cl: bool, dtype: str) -> tuple[str, str, str]:
-    """The 'clw' kernel per direction (fwd, bwd_data, bwd_weight), '' where they do not run (Note [depthwise clw])."""
-    r0, r1, r2 = view.R
-    s = view.S[1]
-    acc = 8 if dtype == "float64" else 4
-    if not (cl and view.X[0] == 1 and r0 == 1 and view.K == view.C and view.DL[1] == view.DL[2] == 1
-            and 2 <= r1 <= DWC_TAPS_MAX and 2 <= r2 <= DWC_TAPS_MAX and r2 != 3 and view.S[2] == s and s in (1, 2)
-            and r1 * r2 * DWC_CTMAX * DW_TILE_VC[dtype] * acc <= DWC_SHARED):
-        return "", "", ""
-    return f"clw_s{s}", "clw_s1" if s == 1 else "", f"clw_s{s}"
-
-
-def clw_groups(view: ConvView, dtype: str, lanes: int) -> tuple[int, int]:
-    """(channel groups a block, channel tiles) of a 'clw' launch with ``lanes`` lanes a group at most (pc_dwc_ct):
-    the vector path's VC channels a group where C allows it (the kernel checks strides and alignment itself)."""
-    vc = DW_TILE_VC[dtype] if view.C % DW_TILE_VC[dtype] == 0 else 1
-    cv = view.C // vc
-    ct = min(cv, DWC_CTMAX, lanes)
-    return ct, -(-cv // ct)
-
-
 def depthwise_kernels(view: ConvView, cl: bool = False, dtype: str = "float32") -> dict[str, str]:
     """The depthwise kernel suffix per view direction ('plain': the per-element weight gradient of
     cuda/conv_depthwise.cuh); ``cl``: channels-last results. Pure in the view, the layout and the dtype."""
@@ -161,11 +127,7 @@ def depthwise_weight_grid(view: ConvView, kernel: str, cl: bool, dtype: str, uni
     (deterministic splits)."""
     v = view
     if kernel.startswith("clw"):  # grid (splits, channel tiles) over (n, row, strip) units (Note [depthwise clw])
-        _, tiles = clw_groups(v, dtype, THREADS // v.R[1])
-        work = v.N * v.Y[1] * -(-v.Y[2] // DWC_GEOMETRY[dtype][2])
-        splits = max(1, min(-(-4 * max(units, 1) // tiles), work))
-        chunk = -(-work // splits)
-        splits = -(-work // chunk)
+        splits, tiles, chunk = clw_splits(v, dtype, units)
         return (splits, tiles, 1), splits, chunk
     if kernel.startswith("bands"):  # grid (K, splits) over units (Note [depthwise bands])
         splits, chunk = dwb_splits(v, dtype, units)
@@ -211,11 +173,11 @@ class ViewKernels:
         # sized for the directions that run 'bands'; Note [depthwise clw]: the filter and the dtype's geometry.
         ks = tuple(self.kernels[d] for d in DIRECTIONS)
         bands = tuple(k if k.startswith("bands") else "" for k in ks)
-        th, vw, vww, minb = DWC_GEOMETRY[dtype]
+        clw = {**clw_defines(view, dtype), "MINB": DWC_GEOMETRY[dtype][3]} if any(k.startswith("clw") for k in ks) \
+            else {}
         self.family_defines: dict[str, dict[str, int]] = {
             "bands": {"PC_DWB_" + k: v for k, v in dwb_defines(view, dtype, bands).items()},
-            "clw": dict(PC_DWC_R1=view.R[1], PC_DWC_R2=view.R[2], PC_DWC_TH=th, PC_DWC_VW=vw, PC_DWC_VWW=vww,
-                        PC_DWC_MINB=minb) if any(k.startswith("clw") for k in ks) else {}}
+            "clw": {"PC_DWC_" + k: v for k, v in clw.items()}}
 
     def defines_of(self, kernel: str) -> dict[str, int] | None:
         """The family defines of a kernel suffix ('bands_s1', 'clw_s2', ...), None for the other families."""
@@ -249,13 +211,10 @@ class Depthwise:
                         "(Note [depthwise bands])")
             return "_" + kernel, (-(-results // planes) * bands, len(dwb_phases(v, direction)), 1), planes
         if kernel.startswith("clw"):  # Note [depthwise clw]: (spatial tiles, channel tiles)
-            ct, tiles_c = clw_groups(v, self.t.dtype, THREADS)
-            ext = v.Y if direction == "fwd" else v.X
+            ct, blocks, tiles_c = clw_grid(v, direction, self.t.dtype, self.t.units)
             th, vw = DWC_GEOMETRY[self.t.dtype][:2]
-            tiles = v.N * -(-ext[1] // th) * -(-ext[2] // vw)
             self.L.note(f"'{kernel}': {ct} channel group(s) a block, {th}x{vw} outputs a lane (Note [depthwise clw])")
-            blocks = min(-(-tiles // (THREADS // ct)), self.t.units * DWC_BLOCKS_PER_UNIT)  # loops take the rest
-            return "_" + kernel, (max(1, blocks), tiles_c, 1), 1
+            return "_" + kernel, (blocks, tiles_c, 1), 1
         self._describe(direction, kernel)
         work = depthwise_work(v, direction, kernel, self.vk.cl, self.t.dtype, self.vk.rows_v)
         return "_" + kernel, self.L.elementwise_grid(work), 1

@@ -1,0 +1,81 @@
+"""Note [depthwise clw]: the rule and the geometry of the 'clw' depthwise kernels, shared by the CUDA/HIP set
+(cuda/conv_depthwise_clw.cuh, portconv/backends/simt/depthwise.py) and the OpenCL set (opencl/clw.cl,
+portconv/backends/opencl/clw.py), which take the same problems with the same lanes, tiles and splits. Pure functions
+of the canonical view (problem.ConvView) and the result layout; each kernel computes the same formulas from its
+argument block.
+"""
+from __future__ import annotations
+
+from .dwbands import THREADS
+from .problem import ConvView
+
+# Channels-last 2-D filters of 2 to DWC_TAPS_MAX taps an axis (not 3 along the last: the 3-tap kernels take those),
+# multiplier 1, dilation 1, the same stride 1 or 2 on both axes; backward-data at stride 1. DWC_CTMAX: channel groups
+# a block at most (PC_DWC_CTMAX, CLW_CTMAX); DWC_SHARED: the staged filters' bytes at most (R1 x R2 x CTMAX x VC
+# values). A block (work-group) is THREADS lanes.
+DWC_TAPS_MAX, DWC_CTMAX, DWC_SHARED = 9, 32, 49152
+DWC_BLOCKS_PER_UNIT = 32  # forward / backward-data blocks a compute unit at most; the kernels' loops take the rest
+# Channels a lane on the vector path (PC_DWT_VC, CLW_VC): one 64-bit access of four 16-bit values or two float32,
+# float64 one a lane. Channels-last tiles of cuda/conv_depthwise_tile.cuh take the same.
+DWC_VC = {"float32": 2, "float16": 4, "bfloat16": 4, "float64": 1}
+# Per dtype (TH, VW, VWW, MINB): output rows x columns a lane of the forward and backward-data, columns a
+# weight-gradient unit, blocks an SM asked of ptxas (CUDA/HIP only). H100 sweep over ConvNeXt's 7x7 and
+# EfficientNet's 5x5 rows: 16-bit types 1 x 8 at 2 blocks an SM (4 x 4 spills at that cap: the forward ran 4x
+# slower; uncapped it ran up to 38% slower than 1 x 8); float32 4 x 4 uncapped (convnext-dw7x7-st1-cl forward
+# 0.214 ms against 0.297 ms at 1 x 8). The kernels' defaults are the 16-bit values.
+DWC_GEOMETRY = {"float16": (1, 8, 16, 2), "bfloat16": (1, 8, 16, 2), "float32": (4, 4, 8, 1), "float64": (4, 4, 8, 1)}
+
+
+def clw_shared(view: ConvView, dtype: str) -> int:
+    """Bytes of the staged filters (shared memory of a block, local memory of a work-group): R1 x R2 x CTMAX x VC
+    accumulators."""
+    return view.R[1] * view.R[2] * DWC_CTMAX * DWC_VC[dtype] * (8 if dtype == "float64" else 4)
+
+
+def clw_kernels(view: ConvView, cl: bool, dtype: str) -> tuple[str, str, str]:
+    """The 'clw' kernel per direction (fwd, bwd_data, bwd_weight), '' where they do not run; ``cl``: channels-last
+    results."""
+    r0, r1, r2 = view.R
+    s = view.S[1]
+    if not (cl and view.X[0] == 1 and r0 == 1 and view.K == view.C and view.DL[1] == view.DL[2] == 1
+            and 2 <= r1 <= DWC_TAPS_MAX and 2 <= r2 <= DWC_TAPS_MAX and r2 != 3 and view.S[2] == s and s in (1, 2)
+            and clw_shared(view, dtype) <= DWC_SHARED):
+        return "", "", ""
+    return f"clw_s{s}", "clw_s1" if s == 1 else "", f"clw_s{s}"
+
+
+def clw_groups(view: ConvView, dtype: str, lanes: int) -> tuple[int, int]:
+    """(channel groups a block, channel tiles) of a 'clw' launch with ``lanes`` lanes a group at most (pc_dwc_ct):
+    the vector path's VC channels a group where C allows it (the kernel checks strides and alignment itself)."""
+    vc = DWC_VC[dtype] if view.C % DWC_VC[dtype] == 0 else 1
+    cv = view.C // vc
+    ct = min(cv, DWC_CTMAX, lanes)
+    return ct, -(-cv // ct)
+
+
+def clw_grid(view: ConvView, direction: str, dtype: str, units: int) -> tuple[int, int, int]:
+    """(channel groups a block, blocks, channel tiles) of a forward or backward-data launch, grid (blocks, channel
+    tiles): THREADS / groups lanes a block over the TH x VW tiles of the result, at most DWC_BLOCKS_PER_UNIT blocks
+    a compute unit (the kernels' loops take the rest)."""
+    ct, tiles_c = clw_groups(view, dtype, THREADS)
+    ext = view.Y if direction == "fwd" else view.X
+    th, vw = DWC_GEOMETRY[dtype][:2]
+    tiles = view.N * -(-ext[1] // th) * -(-ext[2] // vw)
+    return ct, max(1, min(-(-tiles // (THREADS // ct)), units * DWC_BLOCKS_PER_UNIT)), tiles_c
+
+
+def clw_splits(view: ConvView, dtype: str, units: int) -> tuple[int, int, int]:
+    """(splits, channel tiles, units a split) of the weight gradient, grid (splits, channel tiles) over the (n, output
+    row, strip of VWW columns) units: about 4 blocks a compute unit; the last split may be shorter."""
+    _, tiles = clw_groups(view, dtype, THREADS // view.R[1])
+    work = view.N * view.Y[1] * -(-view.Y[2] // DWC_GEOMETRY[dtype][2])
+    splits = max(1, min(-(-4 * max(units, 1) // tiles), work))
+    chunk = max(1, -(-work // splits))  # no units (N == 0): one split of none writes zeros
+    return max(1, -(-work // chunk)), tiles, chunk
+
+
+def clw_defines(view: ConvView, dtype: str) -> dict[str, int]:
+    """The compile-time values of a view's clw module by their names without the set's prefix (PC_DWC_ in the CUDA
+    set, CLW_ in the OpenCL set): the filter (R1, R2) and the dtype's geometry (TH, VW, VWW)."""
+    th, vw, vww, _ = DWC_GEOMETRY[dtype]
+    return {"R1": view.R[1], "R2": view.R[2], "TH": th, "VW": vw, "VWW": vww}
