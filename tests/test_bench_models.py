@@ -76,12 +76,17 @@ def test_models_end_to_end_then_resume(tmp_path, capsys):
                 assert r["x_torch"] == pytest.approx(c["sides"]["torch"]["median_ms"] / r["median_ms"])
                 assert r["loss_ok"] and r["loss_rel_diff"] <= 1e-4 and r["loss_limit"] == 1e-4, (side, r)
                 assert sorted(r["interleaved_with"]) == sorted(set(sides) - {side})
+            # Note [host phases]: every side's phases, inside its step (the CPU's wall clock)
+            h = r["host_ms"]
+            assert list(h) == list(models.HOST_PHASES) and all(v > 0 for v in h.values()), (side, h)
+            assert sum(h.values()) <= 1.5 * r["median_ms"], (side, h, r["median_ms"])
         # float32: portconv on aten runs PyTorch's own kernels, so the whole loss curve matches
         assert c["sides"]["aten"]["loss_max_rel_diff"] <= 1e-4
         assert c["memory_format"] == ("channels_last" if c["layout"] == "channels_last" else "contiguous_format")
     assert rep["settings"]["precision"] == ["CPU: float32 is IEEE"] and rep["settings"]["sides"][0] == "torch"
     md = (out / "models.md").read_text()
     assert "| tiny | float32 | nchw | eager | aten |" in md and "## Method" in md and "tiny" in text
+    assert "## Host time a step" in md and "| tiny | float32 | channels_last | eager | torch |" in md
     png = out / "models.png"
     try:
         import matplotlib  # noqa: F401
@@ -135,6 +140,35 @@ def test_float64_reference_losses(tmp_path):
     assert a["loss_f64_rel_diff"] == pytest.approx(t["loss_f64_rel_diff"])
     md = (out / "models.md").read_text()
     assert "vs float64 (PyTorch / side)" in md and f"{t['loss_f64_rel_diff']:.1e} / " in md
+
+
+def test_host_phases_time_each_phase():
+    """Note [host phases]: a step's forward, backward and optimizer each get their own wall time."""
+    import time
+
+    from portconv.bench.models_run import host_medians
+
+    class Slow(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 10)
+
+        def forward(self, x):
+            time.sleep(0.03)
+            return self.lin(x)
+
+    model = Slow()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    spec = models.ModelSpec("slow", Slow, (4,), 10, 2)
+    data = [(torch.randn(2, 4), torch.tensor([1, 2]))]
+    phases, losses = [], []
+    step = models.make_step(model, opt, data, spec, "float32", torch.device("cpu"), losses, phases)
+    for _ in range(3):
+        step(None)
+    assert len(phases) == 3 and len(losses) == 3 and all(len(p) == 3 for p in phases)
+    h = host_medians(phases)
+    assert h["forward"] >= 30 and h["backward"] < 30 and h["optimizer"] < 30, h
+    assert host_medians([]) is None
 
 
 def test_control_side_is_pytorch_again(tmp_path):

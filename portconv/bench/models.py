@@ -235,9 +235,13 @@ def build_side(base, side: str, device, fmt, mode: str, opts: Options):
     return call, opt
 
 
-def make_step(call, opt, data: list[tuple], spec: ModelSpec, dtype: str, device, losses: list):
+def make_step(call, opt, data: list[tuple], spec: ModelSpec, dtype: str, device, losses: list,
+              host: list | None = None):
     """One training step per call (its argument is ignored): batch i % len(data) on call i, forward and loss (under
-    autocast for bfloat16), backward, SGD; the loss is kept as a device tensor (no sync inside the step)."""
+    autocast for bfloat16), backward, SGD; the loss is kept as a device tensor (no sync inside the step). ``host``:
+    each step appends its phases' wall seconds (forward and loss, backward, optimizer; Note [host phases])."""
+    import time
+
     import torch.nn.functional as F
 
     amp = dtype == "bfloat16"
@@ -246,14 +250,29 @@ def make_step(call, opt, data: list[tuple], spec: ModelSpec, dtype: str, device,
     def step(_):
         x, y = data[i[0] % len(data)]
         i[0] += 1
+        t0 = time.perf_counter()
         with torch.autocast(device.type, dtype=torch.bfloat16) if amp else contextlib.nullcontext():
             out = call(x)
             loss = F.mse_loss(out, y) if spec.classes is None else F.cross_entropy(out, y)
+        t1 = time.perf_counter()
         loss.backward()
+        t2 = time.perf_counter()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if host is not None:
+            host.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
         losses.append(loss.detach())
     return step
+
+
+# Note [host phases]
+# A step's host time a phase: wall time from the host's view of forward and loss, backward, and the optimizer (with
+# zero_grad), with no synchronisation inside the step. On a GPU these are the times the host takes to enqueue the
+# work, unless the device's queue is full and blocks a launch; where their sum comes near the step's time the step is
+# host-bound, and a side's extra host time is its extra step time (PyTorch against convert(): where a host-bound
+# cell's difference lies). On the CPU they are the compute itself. The report takes each phase's median over a side's
+# warm-up and timed steps.
+HOST_PHASES = ("forward", "backward", "optimizer")
 
 
 def error_text(e: BaseException) -> str:

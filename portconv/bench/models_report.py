@@ -77,6 +77,26 @@ def rows(rep: dict) -> list[dict]:
     return out
 
 
+def _phases(res: dict) -> str:
+    h = res.get("host_ms")
+    return "-" if not h else " / ".join(_ms(h[k]) for k in ("forward", "backward", "optimizer"))
+
+
+def host_rows(rep: dict) -> list[str]:
+    """Note [host phases]: a markdown row per (cell, side, PyTorch's included) with host phase times."""
+    out = []
+    for c in rep["cells"]:
+        t = c.get("sides", {}).get("torch", {})
+        for side, r in c.get("sides", {}).items():
+            if not r.get("host_ms"):
+                continue
+            total, med = sum(r["host_ms"].values()), r.get("median_ms")
+            more = "-" if side == "torch" or not t.get("host_ms") else _ms(total - sum(t["host_ms"].values()))
+            out.append(f"| {c['model']} | {c['dtype']} | {c['layout']} | {c['mode']} | {side} | {_phases(r)} | "
+                       f"{_ms(total)} | {more} | {_ms(med)} | {'-' if not med else f'{total / med:.2f}'} |")
+    return out
+
+
 def summary(rep: dict) -> dict:
     """Geomean and min of PyTorch / portconv step time per (side, dtype, mode) over the models."""
     out: dict = {}
@@ -168,6 +188,15 @@ def markdown(rep: dict) -> str:
         lines += ["", "## Geomean over the models", "", "| side dtype mode | geomean x PyTorch | min | cells |",
                   "|---|---|---|---|"]
         lines += [f"| {k} | {v['geomean']:.2f}x | {v['min']:.2f}x | {v['cells']} |" for k, v in s.items()]
+    host = host_rows(rep)
+    if host:
+        lines += ["", "## Host time a step", "",
+                  "Note [host phases]: each phase's median wall time on the host over a side's warm-up and timed "
+                  "steps, with no synchronisation inside a step (on a GPU, the time to enqueue it). `host / step`: "
+                  "their sum over the step's median; near 1 (or above: the host works ahead of the device) the step is "
+                  "host-bound and `more than PyTorch` is step time.", "",
+                  "| model | dtype | layout | mode | side | host ms: forward / backward / optimizer | host ms | "
+                  "more than PyTorch | step ms | host / step |", "|" + "---|" * 10] + host
     errs = failures(rep)
     if errs:
         lines += ["", "## Failures", ""] + [f"- {e.splitlines()[0][:600]}" for e in errs]

@@ -26,7 +26,7 @@ def run_cell(spec: models.ModelSpec, dtype: str, layout: str, mode: str, opts: m
         cell.update(status="error", error=models.error_text(e))
         log(f"  {models.key(cell)}: {cell['error']}")
         return cell
-    members = []
+    members, host = [], {}
     for side in ("torch", *opts.backends):
         res = cell["sides"][side] = {"status": "ok"}
         try:
@@ -35,9 +35,11 @@ def run_cell(spec: models.ModelSpec, dtype: str, layout: str, mode: str, opts: m
             res.update(status="error", error=models.error_text(e))
             log(f"  {models.key(cell)} {side}: {res['error']}")
             continue
-        losses = []
-        members.append((side, models.make_step(call, opt, data, spec, dtype, device, losses), losses))
+        losses, host[side] = [], []
+        members.append((side, models.make_step(call, opt, data, spec, dtype, device, losses, host[side]), losses))
     firsts = loss_phase(cell, members, opts, device, log)
+    for h in host.values():
+        h.clear()  # Note [host phases]: the warm-up and timed steps only
     if opts.loss_f64 and dtype == "float32" and firsts:
         cell["float64_losses"] = float64_losses(base, spec, data, fmt, opts, device, log)
     members = [m for m in members if m[0] in firsts]
@@ -55,7 +57,7 @@ def run_cell(spec: models.ModelSpec, dtype: str, layout: str, mode: str, opts: m
         res.update(median_ms=m.stats.median, p10_ms=m.stats.p10, p90_ms=m.stats.p90, mean_ms=m.stats.mean,
                    runs=m.stats.runs, first_step_in_process_ms=firsts[side], warmup_steps=m.warmup,
                    steps_taken=len(curve), loss_step=at, loss=curve[at - 1] if at else None, losses=curve,
-                   samples_ms=list(m.samples_ms), timing=m.method)
+                   samples_ms=list(m.samples_ms), timing=m.method, host_ms=host_medians(host[side]))
         if len(members) > 1:
             res["interleaved_with"] = [s for s, _, _ in members if s != side]
         log(f"  {models.key(cell):<44} {side:<8} median {m.stats.median:9.3f} ms  first "
@@ -99,6 +101,15 @@ def loss_phase(cell: dict, members: list, opts: models.Options, device, log) -> 
             log(f"  {models.key(cell)} {side}: {cell['sides'][side]['error']}")
             firsts.pop(side, None)
     return firsts
+
+
+def host_medians(phases: list[tuple]) -> dict[str, float] | None:
+    """Note [host phases]: the median ms of each phase over the steps taken (None: none)."""
+    import statistics
+
+    if not phases:
+        return None
+    return {name: statistics.median(p[k] for p in phases) * 1e3 for k, name in enumerate(models.HOST_PHASES)}
 
 
 def float64_losses(base, spec: models.ModelSpec, data: list, fmt, opts: models.Options, device, log) -> list:
