@@ -8,7 +8,7 @@ import torch
 
 from portconv.backends.opencl import clw, depthwise, igemm
 from portconv.backends.opencl.kernels import SLOT, Operand
-from portconv.backends.opencl.select import Facts, build, choose, implied_layouts, tc_mode
+from portconv.backends.opencl.select import CLW_AHEAD_OF_BANDS, Facts, build, choose, implied_layouts, tc_mode
 from portconv.conformance import cases as C
 from portconv.device import DeviceInfo
 from portconv.errors import Unsupported
@@ -221,6 +221,8 @@ def test_clw_selection(row):
     got = tuple(ks[r].launches[0].kernel for r in ("output", "grad_input", "grad_weight"))
     assert got == kernels and reason in choice.reason, (got, choice.reason)
     assert ("clw" in choice.reason) == any(k.startswith("clw") for k in kernels), choice.reason
+    # bands takes every clw row here too: the reason says why clw runs instead (with its evidence)
+    assert (CLW_AHEAD_OF_BANDS in choice.reason) == kernels[0].startswith("clw"), choice.reason
 
 
 def test_clw_launch_limits_fall_to_bands():

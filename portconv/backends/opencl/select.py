@@ -93,6 +93,13 @@ def choose(problem: Problem, device: DeviceInfo, options: Options, facts: Facts)
     return Choice(family + ("-transposed" if problem.params.transposed else ""), fmt, "; ".join(parts), math_)
 
 
+# The evidence that puts the clw kernels ahead of bands where both take a problem (docs/performance/h100/depthwise.md,
+# OpenCL section). On PoCL clw is the slower, but Debian PoCL 5.0 returned wrong bands results where clw passes
+# (docs/kernels/opencl.md).
+CLW_AHEAD_OF_BANDS = ("bands not used: clw measured faster (H100 OpenCL, 7x7 float32: 1.72x-2.52x PyTorch, "
+                      "bands 0.57x-1.16x)")
+
+
 def _family(problem: Problem, view: ConvView, device: DeviceInfo, options: Options, fmt: str) -> tuple[str, str]:
     forced = options.algorithm
     if forced is not None:
@@ -111,8 +118,9 @@ def _family(problem: Problem, view: ConvView, device: DeviceInfo, options: Optio
             rest = ("" if clw.covers(view, problem.dtype, fmt) else
                     ", else bands" if bands.takes(view, problem.dtype) else
                     ", else conv.cl")
-            return "depthwise", (f"{head}: the clw kernels (opencl/clw.cl, Note [depthwise clw]){rest}; vectorised "
-                                 f"kernels not used: {why}")
+            ahead = f"; {CLW_AHEAD_OF_BANDS}" if bands.takes(view, problem.dtype) else ""
+            return "depthwise", (f"{head}: the clw kernels (opencl/clw.cl, Note [depthwise clw]){rest}{ahead}; "
+                                 f"vectorised kernels not used: {why}")
         if bands.takes(view, problem.dtype):
             return "depthwise", (f"{head}: the bands kernels (opencl/bands.cl, Note [depthwise bands]); vectorised "
                                  f"kernels not used: {why}")
