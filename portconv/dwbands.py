@@ -8,6 +8,7 @@ from __future__ import annotations
 from .problem import ConvView
 
 THREADS = 256  # work-items a group of every bands launch (the CUDA set's block, the OpenCL set's work-group)
+DIRECTIONS = ("fwd", "bwd_data", "bwd_weight")  # the order of a per-direction kernel tuple
 # A band of output rows of P planes staged in shared (local) memory, DWB_VH output rows a thread (PC_DWB_VH, BANDS_VH).
 # A block takes as many whole planes as its THREADS columns and DWB_MAX_BYTES allow; a module's shared memory
 # (PC_DWB_BYTES, BANDS_BYTES) is the largest direction's need in DWB_STEP steps.

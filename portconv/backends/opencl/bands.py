@@ -7,13 +7,11 @@ vectorised kernels do not (its kernel sizes are compile-time: 3, 3x3, 3x3x3, 5x5
 """
 from __future__ import annotations
 
-import math
-
 from ... import dwbands as geometry
-from ...dwbands import THREADS
-from ..program import Bind, Buffer
+from ...dwbands import DIRECTIONS, THREADS
+from ..program import Bind
 from . import clw
-from .kernels import Ctx, Operand, Part, bias_bind, bias_fields, desc, fitted_launch, make_launch, part_of
+from .kernels import Ctx, Operand, Part, bias_bind, bias_fields, desc, module_launch, part_of, split_part
 
 SOURCE = "bands.cl"
 
@@ -21,7 +19,7 @@ SOURCE = "bands.cl"
 def _kernels(view, dtype: str) -> dict[str, str]:
     """The bands kernel per direction ('' where they do not run; either layout)."""
     ks = geometry.bands_kernels(view, dtype) if view.depthwise else ("", "", "")
-    return dict(zip(("fwd", "bwd_data", "bwd_weight"), ks))
+    return dict(zip(DIRECTIONS, ks))
 
 
 def takes(view, dtype: str) -> bool:
@@ -34,15 +32,8 @@ def _defines(ctx: Ctx, direction: str) -> dict:
     the directions that run bands: not those the clw kernels take (as the CUDA set's), unless ``direction``, the
     launch's, is one (a clw launch that cannot run)."""
     ks, taken = _kernels(ctx.view, ctx.dtype), clw.kernels(ctx.view, ctx.dtype, ctx.fmt)
-    runs = tuple(ks[d] if d == direction or not taken[d] else "" for d in clw.DIRECTIONS)
+    runs = tuple(ks[d] if d == direction or not taken[d] else "" for d in DIRECTIONS)
     return {"DEPTHWISE": "", **{"BANDS_" + k: v for k, v in geometry.dwb_defines(ctx.view, ctx.dtype, runs).items()}}
-
-
-def _launch(ctx: Ctx, direction: str, kernel: str, grid, block, args, binds, ops, extra: int = 0):
-    """The launch, or why it cannot run (a compiled kernel allowing fewer work-items than ``block``)."""
-    groups = math.prod(-(-g // b) * b for g, b in zip(grid, block))
-    mod = ctx.module(SOURCE, ctx.idx64(groups, *ops, extra=extra), _defines(ctx, direction))
-    return fitted_launch(ctx, mod, kernel, grid, block, args, binds)
 
 
 def _spatial(ctx: Ctx, direction: str, src: Operand, w: Operand, dst: Operand, bias: Operand | None):
@@ -58,8 +49,8 @@ def _spatial(ctx: Ctx, direction: str, src: Operand, w: Operand, dst: Operand, b
     so, do = ("xo", "yo") if direction == "fwd" else ("yo", "xo")
     binds = (src.bind(1, so), w.bind(2, "wo"), bias_bind(bias, 3), dst.bind(4, do))
     name = f"bands_{direction}_{kernel.removeprefix('bands_')}"
-    launch = _launch(ctx, direction, name, (-(-results // planes) * bands * THREADS, phases), (THREADS, 1), args,
-                     binds, (x, w, y))
+    launch = module_launch(ctx, SOURCE, _defines(ctx, direction), name,
+                           (-(-results // planes) * bands * THREADS, phases), (THREADS, 1), args, binds, (x, w, y))
     return part_of("bands", f"{name} (opencl/bands.cl): {planes} plane(s) a group, {bands} band(s) a plane, "
                             f"{geometry.dwb_vh(v)} rows an item", launch)
 
@@ -86,18 +77,10 @@ def bwd_weight(ctx: Ctx, x: Operand, y: Operand, w: Operand) -> tuple[Part | Non
     strides = dict(xs=x.strides5, ws=w.strides5, ys=y.strides5)
     name = f"bands_bwd_weight_{kernel.removeprefix('bands_')}"
     ws = Bind(4, "partials") if splits > 1 else Bind(4, "dummy")
-    launch = _launch(ctx, "bwd_weight", name, (v.K * THREADS, splits), (THREADS, 1),
-                     desc(v, red=chunk, total=splits, **strides),
-                     (x.bind(1, "xo"), y.bind(2, "yo"), w.bind(3, "wo"), ws), (x, w, y), part_elems)
+    launch = module_launch(ctx, SOURCE, _defines(ctx, "bwd_weight"), name, (v.K * THREADS, splits), (THREADS, 1),
+                           desc(v, red=chunk, total=splits, **strides),
+                           (x.bind(1, "xo"), y.bind(2, "yo"), w.bind(3, "wo"), ws), (x, w, y), part_elems)
     summary = (f"{name} (opencl/bands.cl): a group a (channel, split), {splits} split(s) of {chunk} unit(s) "
                f"of {planes} plane(s)")
-    if splits == 1:
-        return part_of("bands", summary, launch)
-    fin = desc(v, ws=w.strides5, total=v.K * taps, red=splits)
-    mod = ctx.module(SOURCE, ctx.idx64(v.K * taps, w, extra=part_elems), _defines(ctx, "bwd_weight"))
-    ls = max(1, min(64, ctx.limit(mod, "bands_finalize")))
-    finalize = make_launch(mod, "bands_finalize", (v.K * taps,), (ls,), fin, (Bind(1, "partials"), w.bind(2, "wo")))
-    out, why = part_of("bands", summary, launch, finalize)
-    if out is not None:
-        out.buffers.append(Buffer("partials", (part_elems,), (1,), ctx.acc_dtype))
-    return out, why
+    return split_part(ctx, "bands", SOURCE, _defines(ctx, "bwd_weight"), summary, launch, w, v.K * taps, splits,
+                      "bands_finalize")

@@ -9,15 +9,12 @@ the bands kernels.
 """
 from __future__ import annotations
 
-import math
-
 from ... import dwclw as geometry
-from ...dwbands import THREADS
-from ..program import Bind, Buffer
-from .kernels import Ctx, Operand, Part, bias_bind, bias_fields, desc, fitted_launch, make_launch, part_of
+from ...dwbands import DIRECTIONS, THREADS
+from ..program import Bind
+from .kernels import Ctx, Operand, Part, bias_bind, bias_fields, desc, module_launch, part_of, split_part
 
 SOURCE = "clw.cl"
-DIRECTIONS = ("fwd", "bwd_data", "bwd_weight")
 
 
 def kernels(view, dtype: str, fmt: str) -> dict[str, str]:
@@ -41,13 +38,6 @@ def _defines(ctx: Ctx) -> dict:
     return {"CLW_" + k: v for k, v in geometry.clw_defines(ctx.view, ctx.dtype).items()}
 
 
-def _launch(ctx: Ctx, kernel: str, grid, block, args, binds, ops, extra: int = 0, local: int = 0):
-    """The launch, or why it cannot run (fitted_launch; ``local``: the staged filters' bytes)."""
-    groups = math.prod(-(-g // b) * b for g, b in zip(grid, block))
-    mod = ctx.module(SOURCE, ctx.idx64(groups, *ops, extra=extra), _defines(ctx))
-    return fitted_launch(ctx, mod, kernel, grid, block, args, binds, local)
-
-
 def _spatial(ctx: Ctx, direction: str, src: Operand, w: Operand, dst: Operand, bias: Operand | None):
     kernel = kernels(ctx.view, ctx.dtype, ctx.fmt)[direction]
     if not kernel or (direction == "bwd_data" and bias is not None):
@@ -60,8 +50,8 @@ def _spatial(ctx: Ctx, direction: str, src: Operand, w: Operand, dst: Operand, b
     so, do = ("xo", "yo") if direction == "fwd" else ("yo", "xo")
     binds = (src.bind(1, so), w.bind(2, "wo"), bias_bind(bias, 3), dst.bind(4, do))
     name = f"clw_{direction}_{kernel.removeprefix('clw_')}"
-    launch = _launch(ctx, name, (blocks * THREADS, tiles_c), (THREADS, 1), args, binds, (x, w, y),
-                     local=geometry.clw_shared(v, ctx.dtype))
+    launch = module_launch(ctx, SOURCE, _defines(ctx), name, (blocks * THREADS, tiles_c), (THREADS, 1), args, binds,
+                           (x, w, y), local=geometry.clw_shared(v, ctx.dtype))
     return part_of("clw", f"{name} (opencl/clw.cl): {ct} channel group(s) a group, {th}x{vw} outputs an item", launch)
 
 
@@ -86,18 +76,9 @@ def bwd_weight(ctx: Ctx, x: Operand, y: Operand, w: Operand) -> tuple[Part | Non
     name = f"clw_bwd_weight_{kernel.removeprefix('clw_')}"
     ws = Bind(4, "partials") if splits > 1 else Bind(4, "dummy")
     args = desc(v, xs=x.strides5, ws=w.strides5, ys=y.strides5, red=chunk, total=splits)
-    launch = _launch(ctx, name, (splits * THREADS, tiles), (THREADS, 1), args,
-                     (x.bind(1, "xo"), y.bind(2, "yo"), w.bind(3, "wo"), ws), (x, w, y), part_elems)
+    launch = module_launch(ctx, SOURCE, _defines(ctx), name, (splits * THREADS, tiles), (THREADS, 1), args,
+                           (x.bind(1, "xo"), y.bind(2, "yo"), w.bind(3, "wo"), ws), (x, w, y), part_elems)
     vww = geometry.DWC_GEOMETRY[ctx.dtype][2]
     summary = (f"{name} (opencl/clw.cl): a filter row an item, {splits} split(s) x {chunk} unit(s) of {vww} "
                "columns")
-    if splits == 1:
-        return part_of("clw", summary, launch)
-    mod = ctx.module(SOURCE, ctx.idx64(count, w, extra=part_elems), _defines(ctx))
-    ls = max(1, min(64, ctx.limit(mod, "clw_finalize")))
-    fin = desc(v, ws=w.strides5, total=count, red=splits)
-    finalize = make_launch(mod, "clw_finalize", (count,), (ls,), fin, (Bind(1, "partials"), w.bind(2, "wo")))
-    out, why = part_of("clw", summary, launch, finalize)
-    if out is not None:
-        out.buffers.append(Buffer("partials", (part_elems,), (1,), ctx.acc_dtype))
-    return out, why
+    return split_part(ctx, "clw", SOURCE, _defines(ctx), summary, launch, w, count, splits, "clw_finalize")

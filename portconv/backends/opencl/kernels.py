@@ -187,6 +187,32 @@ def part_of(family: str, summary: str, *launches: Launch | str) -> tuple[Part | 
     return (None, [f"{family} kernels not used: {bad[0]}"]) if bad else (Part(summary, [], list(launches)), [])
 
 
+def module_launch(ctx: Ctx, source: str, defines: dict, kernel: str, grid, block, args, binds, ops, extra: int = 0,
+                  local: int = 0) -> Launch | str:
+    """fitted_launch of ``kernel`` in the module of ``source`` and ``defines``, its index width from the launch's
+    work-items and the operands ``ops`` (``extra``: elements of a workspace it also indexes)."""
+    groups = math.prod(-(-g // b) * b for g, b in zip(grid, block))
+    mod = ctx.module(source, ctx.idx64(groups, *ops, extra=extra), defines)
+    return fitted_launch(ctx, mod, kernel, grid, block, args, binds, local)
+
+
+def split_part(ctx: Ctx, family: str, source: str, defines: dict, summary: str, launch: Launch | str, w: Operand,
+               count: int, splits: int, finalize: str) -> tuple[Part | None, list[str]]:
+    """A weight gradient's Part: ``launch`` alone (one split), or with ``finalize`` (its module's kernel), which adds
+    the splits' partials[split][count] into ``w`` in split order (deterministic, no atomics)."""
+    if splits == 1:
+        return part_of(family, summary, launch)
+    part_elems = splits * count
+    mod = ctx.module(source, ctx.idx64(count, w, extra=part_elems), defines)
+    ls = max(1, min(64, ctx.limit(mod, finalize)))
+    fin = desc(ctx.view, ws=w.strides5, total=count, red=splits)
+    out, why = part_of(family, summary, launch, make_launch(mod, finalize, (count,), (ls,), fin,
+                                                            (Bind(1, "partials"), w.bind(2, "wo"))))
+    if out is not None:
+        out.buffers.append(Buffer("partials", (part_elems,), (1,), ctx.acc_dtype))
+    return out, why
+
+
 def pow2_floor(v: int) -> int:
     p = 1
     while p * 2 <= v:

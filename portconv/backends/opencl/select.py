@@ -114,14 +114,13 @@ def _family(problem: Problem, view: ConvView, device: DeviceInfo, options: Optio
         if cl is not None:
             return "depthwise", f"{head}: channels-last kernels (opencl/depthwise.cl) where the layouts allow"
         why = f"results {fmt}, {why}" if fmt != "contiguous" else depthwise.dw_spec(problem, view, fmt, cpu)[1]
+        banded = bands.takes(view, problem.dtype)
         if clw.takes(view, problem.dtype, fmt):  # Note [depthwise clw]: ahead of bands
-            rest = ("" if clw.covers(view, problem.dtype, fmt) else
-                    ", else bands" if bands.takes(view, problem.dtype) else
-                    ", else conv.cl")
-            ahead = f"; {CLW_AHEAD_OF_BANDS}" if bands.takes(view, problem.dtype) else ""
+            rest = "" if clw.covers(view, problem.dtype, fmt) else ", else bands" if banded else ", else conv.cl"
+            ahead = f"; {CLW_AHEAD_OF_BANDS}" if banded else ""
             return "depthwise", (f"{head}: the clw kernels (opencl/clw.cl, Note [depthwise clw]){rest}{ahead}; "
                                  f"vectorised kernels not used: {why}")
-        if bands.takes(view, problem.dtype):
+        if banded:
             return "depthwise", (f"{head}: the bands kernels (opencl/bands.cl, Note [depthwise bands]); vectorised "
                                  f"kernels not used: {why}")
         return "depthwise", f"{head}: the generic kernels (opencl/conv.cl); vectorised kernels not used: {why}"

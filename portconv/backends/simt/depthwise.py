@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from ...dwbands import bands_kernels, dw_bands, dwb_defines, dwb_phases, dwb_splits, dwb_vh
+from ...dwbands import DIRECTIONS, bands_kernels, dw_bands, dwb_defines, dwb_phases, dwb_splits, dwb_vh
 from ...dwclw import DWC_GEOMETRY, DWC_VC, clw_defines, clw_grid, clw_kernels, clw_splits
 from ...problem import ConvView
 from . import view as V
@@ -25,7 +25,6 @@ DW_V_WIDE16 = 16
 # [packed rows]), 'tilen3d_s*', 'tile_s*' (2-D channels-last), 'tile3d_s*'
 DW_TILE = {"nchw": (8, 2), "nchw16": (8, 4), "nchw3d": (8, 2), "cl": (14, 2), "cl3d": (4, 2),
            "w4": (8, 2)}  # 'w4': the weight gradient's unit with 4 channels a thread (PC_DWT_THW4, _VWW4)
-DW_TILE_VC = DWC_VC  # PC_DWT_VC: channels per thread (CL), as the 'clw' kernels' lanes
 # Note [depthwise tile]: the tile kernels run fwd / bwd-data on channels-last data, and on NCHW data with at least
 # DW_TILE_MIN_ROWS output rows and DW_TILE_MIN_WORK 4 x 4 output tiles (smaller planes and under-filled grids run
 # faster on 'rows'; mbv2-dw3x3-b1's 25088 on the 8 x 2 tile)
@@ -42,7 +41,8 @@ DWP_PLANE, DWP_UNITS, DWP_MAX_BYTES, DWP_STEP = 256, 256, 49152, 8192
 DWP_BLOCKS = {2: 5, 4: 6, 8: 4}  # 0: a block a chunk
 DWP_SM_BYTES = {"sm_90": 233472, "sm_100": 233472, "sm_80": 167936, "sm_87": 167936}  # shared memory an SM (grids)
 DWP_SM_BYTES_OTHER = 102400  # other NVIDIA GPUs; AMD GPUs: 65536 (an LDS)
-DIRECTIONS = ("fwd", "bwd_data", "bwd_weight")
+
+
 def depthwise_kernels(view: ConvView, cl: bool = False, dtype: str = "float32") -> dict[str, str]:
     """The depthwise kernel suffix per view direction ('plain': the per-element weight gradient of
     cuda/conv_depthwise.cuh); ``cl``: channels-last results. Pure in the view, the layout and the dtype."""
@@ -115,7 +115,7 @@ def depthwise_work(view: ConvView, direction: str, kernel: str, cl: bool, dtype:
     bwd_data kernel."""
     ext, ch = (view.Y, view.K) if direction == "fwd" else (view.X, view.C)
     if kernel.startswith("tile"):
-        vc = DW_TILE_VC[dtype] if cl and ch % DW_TILE_VC[dtype] == 0 else 1
+        vc = DWC_VC[dtype] if cl and ch % DWC_VC[dtype] == 0 else 1
         th, vw = DW_TILE[dw_tile_key(not kernel.startswith("tilen"), 3 if "3d" in kernel else 2, dtype)]
         return view.N * ext[0] * -(-ext[1] // th) * -(-ext[2] // vw) * (ch // vc)
     return view.N * ext[0] * ext[1] * -(-ext[2] // rows_v) * ch
@@ -133,7 +133,7 @@ def depthwise_weight_grid(view: ConvView, kernel: str, cl: bool, dtype: str, uni
         splits, chunk = dwb_splits(v, dtype, units)
         return (v.K, splits, 1), splits, chunk
     if kernel.startswith("tile"):  # grid (channel tiles, splits) over (n, o0, row tile, strip) units
-        vc = min(DW_TILE_VC[dtype], 2) if kernel.startswith("tile3d") else DW_TILE_VC[dtype]
+        vc = min(DWC_VC[dtype], 2) if kernel.startswith("tile3d") else DWC_VC[dtype]
         vc = vc if cl and v.C % vc == 0 else 1
         cv = v.C // vc
         ct = 16 if cv % 16 == 0 else min(cv, 8)  # pc_dwt_channel_tile
