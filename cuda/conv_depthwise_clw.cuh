@@ -41,17 +41,20 @@
 #ifndef PC_DWC_MINB
 #define PC_DWC_MINB 2 /* blocks an SM the kernels ask ptxas for: 2, at most 128 registers */
 #endif
+#ifndef PC_DWC_VC
+#define PC_DWC_VC PC_DWT_VC /* channels a lane on the vector path */
+#endif
 #define PC_DWC_THREADS 256
 #define PC_DWC_CTMAX 32
 /* The staged filters of a block: R1 x R2 taps of at most CTMAX x PC_DWT_VC channels (at most 48 KB: the host takes
  * these kernels only where that holds). */
-#define PC_DWC_WSH (PC_DWC_R1 * PC_DWC_R2 * PC_DWC_CTMAX * PC_DWT_VC)
+#define PC_DWC_WSH (PC_DWC_R1 * PC_DWC_R2 * PC_DWC_CTMAX * PC_DWC_VC)
 
-/* Channel groups a block for CV groups in all: at most CTMAX, and at most `lanes` (the weight gradient's block has
- * R1 lanes a group). */
+/* Channel groups a block for CV >= 1 groups in all: at most CTMAX and at most `lanes` (the weight gradient's block has
+ * R1 lanes a group), balanced over the fewest channel tiles (144 channels of VC 4: two tiles of 18, not 32 and 4). */
 PC_DEVICE pc_idx pc_dwc_ct(pc_idx CV, pc_idx lanes) {
-    const pc_idx ct = CV < PC_DWC_CTMAX ? CV : PC_DWC_CTMAX;
-    return ct < lanes ? ct : lanes;
+    const pc_idx cap = lanes < PC_DWC_CTMAX ? lanes : PC_DWC_CTMAX, tiles = (CV + cap - 1) / cap;
+    return (CV + tiles - 1) / tiles;
 }
 
 /* Stage the filters of channel groups cg0 .. cg0 + CT - 1 (VC channels each) as wsh[tap][lane VC + j]; FLIP: tap
@@ -187,17 +190,17 @@ PC_DEVICE void pc_dwc_bwd_weight(const pc_conv_args &a) {
 
 template <int S, bool FLIP>
 PC_DEVICE void pc_dwc_conv_any(const pc_conv_args &a) {
-    PC_SHARED pc_vec<pc_acc_t, PC_DWT_VC> wsh[PC_DWC_WSH / PC_DWT_VC];
-    if (PC_DWT_VC > 1 && pc_dwt_vec_ok<PC_DWT_VC>(a))
-        pc_dwc_conv<S, FLIP, PC_DWT_VC>(a, (pc_acc_t *)wsh);
+    PC_SHARED pc_vec<pc_acc_t, PC_DWC_VC> wsh[PC_DWC_WSH / PC_DWC_VC];
+    if (PC_DWC_VC > 1 && pc_dwt_vec_ok<PC_DWC_VC>(a))
+        pc_dwc_conv<S, FLIP, PC_DWC_VC>(a, (pc_acc_t *)wsh);
     else
         pc_dwc_conv<S, FLIP, 1>(a, (pc_acc_t *)wsh);
 }
 
 template <int S>
 PC_DEVICE void pc_dwc_bwd_weight_any(const pc_conv_args &a) {
-    if (PC_DWT_VC > 1 && pc_dwt_vec_ok<PC_DWT_VC>(a))
-        pc_dwc_bwd_weight<S, PC_DWT_VC>(a);
+    if (PC_DWC_VC > 1 && pc_dwt_vec_ok<PC_DWC_VC>(a))
+        pc_dwc_bwd_weight<S, PC_DWC_VC>(a);
     else
         pc_dwc_bwd_weight<S, 1>(a);
 }

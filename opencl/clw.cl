@@ -2,8 +2,8 @@
  *
  * The OpenCL form of Note [depthwise clw] (cuda/conv_depthwise_clw.cuh: the same algorithm, rule and geometry, which
  * the host takes from portconv/dwclw.py). In channels-last data the C values of one position are contiguous, so
- * work-items that take consecutive groups of CLW_VC channels (four 16-bit values or two float32 in one 64-bit access,
- * one float64) read and write whole lines with no gather. A work-group is CT <= CLW_CTMAX channel groups by
+ * work-items that take consecutive groups of CLW_VC channels (the dtype's Geometry.vc, one access of VC values)
+ * read and write whole lines with no gather. A work-group is CT <= CLW_CTMAX channel groups by
  * SY = CLW_THREADS / CT lanes (clw_ct); its filters, R1 x R2 taps of its CT x VC channels (flipped for
  * backward-data), are staged once in local memory as [tap][channel] so a lane reads its VC weights of a tap in one
  * access. The filter size is the module's (CLW_R1, CLW_R2): every loop over taps has constant bounds, and a lane's
@@ -30,8 +30,8 @@
  * Same canonical convolution and descriptor as conv.cl (common.h): C = d.G (K = C), offsets d.xo, d.wo, d.yo, d.bo;
  * the weight gradient's splits d.total and units a split d.red.
  *
- * Defines (host): the dtype, optional IDX64, CLW_R1, CLW_R2, and the dtype's geometry CLW_TH, CLW_VW, CLW_VWW
- * (portconv/dwclw.py, DWC_GEOMETRY); the defaults below are its 16-bit values.
+ * Defines (host): the dtype, optional IDX64, CLW_R1, CLW_R2, and the dtype's geometry CLW_VC, CLW_TH, CLW_VW,
+ * CLW_VWW (portconv/dwclw.py, DWC_GEOMETRY); the defaults below are its 16-bit values.
  */
 #include "common.h"
 
@@ -53,29 +53,32 @@
 #define CLW_THREADS 256 /* work-items a group (the host's THREADS) */
 #define CLW_CTMAX 32    /* channel groups a group at most (DWC_CTMAX) */
 
-/* Channels a lane on the vector path (DWC_VC) and their accumulators as one vector. */
-#if defined(DTYPE_F64)
-#define CLW_VC 1
+/* Channels a lane on the vector path (the host's Geometry.vc: 1, 2 or 4; float64 1) and their accumulators as one
+ * vector. */
+#ifndef CLW_VC
+#define CLW_VC 4
+#endif
+#if CLW_VC == 1
 typedef ACC clw_accv;
 #define CLW_UNPACK(r, v) ((r)[0] = (v))
-#elif defined(DTYPE_F32)
-#define CLW_VC 2
+#elif CLW_VC == 2 && !defined(DTYPE_F64)
 typedef float2 clw_accv;
 #define CLW_UNPACK(r, v) ((r)[0] = (v).s0, (r)[1] = (v).s1)
-#else
-#define CLW_VC 4
+#elif CLW_VC == 4 && !defined(DTYPE_F64)
 typedef float4 clw_accv;
 #define CLW_UNPACK(r, v) ((r)[0] = (v).s0, (r)[1] = (v).s1, (r)[2] = (v).s2, (r)[3] = (v).s3)
+#else
+#error "portconv: CLW_VC must be 1, 2 or 4 (float64: 1)"
 #endif
 #define CLW_WSH (CLW_R1 * CLW_R2 * CLW_CTMAX * CLW_VC) /* staged filter values of a group */
 #define CLW_WIN ((CLW_VW - 1) * 2 + CLW_R2)            /* a forward window, the longest stride's */
 #define CLW_WWIN ((CLW_VWW - 1) * 2 + CLW_R2)          /* a weight-gradient window */
 
-/* Channel groups a work-group for CV groups in all: at most CTMAX, and at most `lanes` (the weight gradient's group
- * has R1 lanes a channel group). */
+/* Channel groups a work-group for CV >= 1 groups in all: at most CTMAX and at most `lanes` (the weight gradient's
+ * group has R1 lanes a channel group), balanced over the fewest channel tiles (as pc_dwc_ct, clw_groups). */
 inline idx_t clw_ct(idx_t CV, idx_t lanes) {
-    const idx_t ct = CV < CLW_CTMAX ? CV : CLW_CTMAX;
-    return ct < lanes ? ct : lanes;
+    const idx_t cap = lanes < CLW_CTMAX ? lanes : CLW_CTMAX, tiles = (CV + cap - 1) / cap;
+    return (CV + tiles - 1) / tiles;
 }
 
 /* The vector path applies (see the header): uniform over the launch. */
@@ -88,8 +91,16 @@ inline bool clw_vec_ok(const conv_desc *d) {
 
 /* r[0 .. VC) <- p[0 .. VC): one naturally aligned access (the vector path). */
 inline void clw_ldv(ACC *r, __global const T *p) {
-#if defined(DTYPE_F16)
+#if CLW_VC == 1
+    r[0] = (ACC)LD(p, 0);
+#else
+#if defined(DTYPE_F16) && CLW_VC == 2
+    const float2 v = vload_half2(0, p);
+#elif defined(DTYPE_F16)
     const float4 v = vload_half4(0, p);
+#elif defined(DTYPE_BF16) && CLW_VC == 2
+    const ushort2 u = *(__global const ushort2 *)p;
+    const float2 v = (float2)(bf16_load(u.s0), bf16_load(u.s1));
 #elif defined(DTYPE_BF16)
     const ushort4 u = *(__global const ushort4 *)p;
     const float4 v = (float4)(bf16_load(u.s0), bf16_load(u.s1), bf16_load(u.s2), bf16_load(u.s3));
@@ -97,18 +108,25 @@ inline void clw_ldv(ACC *r, __global const T *p) {
     const clw_accv v = *(__global const clw_accv *)p;
 #endif
     CLW_UNPACK(r, v);
+#endif
 }
 
 /* p[0 .. VC) <- a[0 .. VC), rounded to T: one naturally aligned access (the vector path). */
 inline void clw_stv(__global T *p, const ACC *a) {
-#if defined(DTYPE_F16)
+#if CLW_VC == 1
+    ST(p, 0, a[0]);
+#elif defined(DTYPE_F16) && CLW_VC == 2
+    vstore_half2_rte((float2)(a[0], a[1]), 0, p);
+#elif defined(DTYPE_F16)
     vstore_half4_rte((float4)(a[0], a[1], a[2], a[3]), 0, p);
+#elif defined(DTYPE_BF16) && CLW_VC == 2
+    *(__global ushort2 *)p = (ushort2)(bf16_round(a[0]), bf16_round(a[1]));
 #elif defined(DTYPE_BF16)
     *(__global ushort4 *)p = (ushort4)(bf16_round(a[0]), bf16_round(a[1]), bf16_round(a[2]), bf16_round(a[3]));
 #elif CLW_VC == 2
     *(__global float2 *)p = (float2)(a[0], a[1]);
 #else
-    *p = a[0];
+    *(__global float4 *)p = (float4)(a[0], a[1], a[2], a[3]);
 #endif
 }
 

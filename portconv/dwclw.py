@@ -6,6 +6,8 @@ argument block.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from .dwbands import THREADS
 from .problem import ConvView
 
@@ -15,21 +17,35 @@ from .problem import ConvView
 # values). A block (work-group) is THREADS lanes.
 DWC_TAPS_MAX, DWC_CTMAX, DWC_SHARED = 9, 32, 49152
 DWC_BLOCKS_PER_UNIT = 32  # forward / backward-data blocks a compute unit at most; the kernels' loops take the rest
-# Channels a lane on the vector path (PC_DWT_VC, CLW_VC): one 64-bit access of four 16-bit values or two float32,
-# float64 one a lane. Channels-last tiles of cuda/conv_depthwise_tile.cuh take the same.
+# Channels a lane on the tile kernels' vector path (PC_DWT_VC): one 64-bit access of four 16-bit values or two
+# float32, float64 one a lane (cuda/conv_depthwise_tile.cuh).
 DWC_VC = {"float32": 2, "float16": 4, "bfloat16": 4, "float64": 1}
-# Per dtype (TH, VW, VWW, MINB): output rows x columns a lane of the forward and backward-data, columns a
-# weight-gradient unit, blocks an SM asked of ptxas (CUDA/HIP only). H100 sweep over ConvNeXt's 7x7 and
-# EfficientNet's 5x5 rows: 16-bit types 1 x 8 at 2 blocks an SM (4 x 4 spills at that cap: the forward ran 4x
-# slower; uncapped it ran up to 38% slower than 1 x 8); float32 4 x 4 uncapped (convnext-dw7x7-st1-cl forward
-# 0.214 ms against 0.297 ms at 1 x 8). The kernels' defaults are the 16-bit values.
-DWC_GEOMETRY = {"float16": (1, 8, 16, 2), "bfloat16": (1, 8, 16, 2), "float32": (4, 4, 8, 1), "float64": (4, 4, 8, 1)}
+
+
+class Geometry(NamedTuple):
+    """The clw kernels' compile-time geometry of one dtype (PC_DWC_*, CLW_*)."""
+
+    vc: int  # channels a lane on the vector path (one access of VC values)
+    th: int  # output rows a lane (forward, backward-data)
+    vw: int  # output columns a lane
+    vww: int  # output columns a weight-gradient unit
+    minb: int  # blocks an SM asked of ptxas (CUDA/HIP only)
+
+
+# H100 sweeps over ConvNeXt's 7x7 and EfficientNet's 5x5 channels-last rows: 16-bit types 4 channels, 1 x 8 at 2 blocks
+# an SM (4 x 4 spills at that cap: the forward ran 4x slower; uncapped it ran up to 38% slower than 1 x 8); 2 channels
+# 2 x 8 ran the forward 5-25% faster but convnext-dw7x7-st1's weight gradient 28% slower (0.336 against 0.263 ms;
+# one VC serves every direction). float32 4 x 4 uncapped (convnext-dw7x7-st1-cl forward 0.214 ms against 0.297 ms at
+# 1 x 8; one channel 4 x 8 ran it in 0.179 ms but effnet-dw5x5-s2-cl's in 0.143 against 0.092). The kernels' defaults
+# are the 16-bit values.
+DWC_GEOMETRY = {"float16": Geometry(4, 1, 8, 16, 2), "bfloat16": Geometry(4, 1, 8, 16, 2),
+                "float32": Geometry(2, 4, 4, 8, 1), "float64": Geometry(1, 4, 4, 8, 1)}
 
 
 def clw_shared(view: ConvView, dtype: str) -> int:
     """Bytes of the staged filters (shared memory of a block, local memory of a work-group): R1 x R2 x CTMAX x VC
     accumulators."""
-    return view.R[1] * view.R[2] * DWC_CTMAX * DWC_VC[dtype] * (8 if dtype == "float64" else 4)
+    return view.R[1] * view.R[2] * DWC_CTMAX * DWC_GEOMETRY[dtype].vc * (8 if dtype == "float64" else 4)
 
 
 def clw_kernels(view: ConvView, cl: bool, dtype: str) -> tuple[str, str, str]:
@@ -46,11 +62,12 @@ def clw_kernels(view: ConvView, cl: bool, dtype: str) -> tuple[str, str, str]:
 
 def clw_groups(view: ConvView, dtype: str, lanes: int) -> tuple[int, int]:
     """(channel groups a block, channel tiles) of a 'clw' launch with ``lanes`` lanes a group at most (pc_dwc_ct):
-    the vector path's VC channels a group where C allows it (the kernel checks strides and alignment itself)."""
-    vc = DWC_VC[dtype] if view.C % DWC_VC[dtype] == 0 else 1
-    cv = view.C // vc
-    ct = min(cv, DWC_CTMAX, lanes)
-    return ct, -(-cv // ct)
+    the vector path's VC channels a group where C allows it (the kernel checks strides and alignment itself), at
+    most min(CTMAX, lanes) groups a block, balanced over the fewest tiles (144 channels of VC 4: 2 tiles of 18)."""
+    vc = DWC_GEOMETRY[dtype].vc
+    cv = view.C // (vc if view.C % vc == 0 else 1)
+    tiles = -(-cv // min(DWC_CTMAX, lanes))
+    return -(-cv // tiles), tiles
 
 
 def clw_grid(view: ConvView, direction: str, dtype: str, units: int) -> tuple[int, int, int]:
@@ -59,8 +76,8 @@ def clw_grid(view: ConvView, direction: str, dtype: str, units: int) -> tuple[in
     a compute unit (the kernels' loops take the rest)."""
     ct, tiles_c = clw_groups(view, dtype, THREADS)
     ext = view.Y if direction == "fwd" else view.X
-    th, vw = DWC_GEOMETRY[dtype][:2]
-    tiles = view.N * -(-ext[1] // th) * -(-ext[2] // vw)
+    g = DWC_GEOMETRY[dtype]
+    tiles = view.N * -(-ext[1] // g.th) * -(-ext[2] // g.vw)
     return ct, max(1, min(-(-tiles // (THREADS // ct)), units * DWC_BLOCKS_PER_UNIT)), tiles_c
 
 
@@ -68,7 +85,7 @@ def clw_splits(view: ConvView, dtype: str, units: int) -> tuple[int, int, int]:
     """(splits, channel tiles, units a split) of the weight gradient, grid (splits, channel tiles) over the (n, output
     row, strip of VWW columns) units: about 4 blocks a compute unit; the last split may be shorter."""
     _, tiles = clw_groups(view, dtype, THREADS // view.R[1])
-    work = view.N * view.Y[1] * -(-view.Y[2] // DWC_GEOMETRY[dtype][2])
+    work = view.N * view.Y[1] * -(-view.Y[2] // DWC_GEOMETRY[dtype].vww)
     splits = max(1, min(-(-4 * max(units, 1) // tiles), work))
     chunk = max(1, -(-work // splits))  # no units (N == 0): one split of none writes zeros
     return max(1, -(-work // chunk)), tiles, chunk
@@ -76,6 +93,6 @@ def clw_splits(view: ConvView, dtype: str, units: int) -> tuple[int, int, int]:
 
 def clw_defines(view: ConvView, dtype: str) -> dict[str, int]:
     """The compile-time values of a view's clw module by their names without the set's prefix (PC_DWC_ in the CUDA
-    set, CLW_ in the OpenCL set): the filter (R1, R2) and the dtype's geometry (TH, VW, VWW)."""
-    th, vw, vww, _ = DWC_GEOMETRY[dtype]
-    return {"R1": view.R[1], "R2": view.R[2], "TH": th, "VW": vw, "VWW": vww}
+    set, CLW_ in the OpenCL set): the filter (R1, R2) and the dtype's geometry (VC, TH, VW, VWW)."""
+    g = DWC_GEOMETRY[dtype]
+    return {"R1": view.R[1], "R2": view.R[2], "VC": g.vc, "TH": g.th, "VW": g.vw, "VWW": g.vww}

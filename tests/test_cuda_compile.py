@@ -693,6 +693,10 @@ def test_depthwise_clw_rule():
         "fwd": "clw_s1", "bwd_data": "clw_s1", "bwd_weight": "clw_s1"}
     assert D.clw_groups(view_(56, 7), "bfloat16", 256) == (24, 1)  # 96 channels: 24 groups of 4
     assert D.clw_groups(view_(14, 7, c=384), "float32", 256 // 7) == (32, 6)  # 192 groups of 2, 32 a block
+    vc = D.DWC_GEOMETRY["bfloat16"].vc
+    assert D.clw_groups(view_(56, 5, c=36 * vc), "bfloat16", 256) == (18, 2)  # 36 groups: 2 tiles of 18, not 32 + 4
+    assert D.clw_groups(view_(56, 5, c=30 * vc), "bfloat16", 256 // 5) == (30, 1)
+    assert D.clw_groups(view_(56, 5, c=67), "bfloat16", 256) == (23, 3)  # odd C: one channel a group, 23 + 22 + 22
 
 
 def test_depthwise_clw_constants():
@@ -700,7 +704,7 @@ def test_depthwise_clw_constants():
     from portconv import dwclw as D
 
     src = (pathlib.Path(__file__).resolve().parents[1] / "cuda" / "conv_depthwise_clw.cuh").read_text()
-    th, vw, vww, minb = D.DWC_GEOMETRY["bfloat16"]
+    _, th, vw, vww, minb = D.DWC_GEOMETRY["bfloat16"]  # VC: always the host's (clw_defines)
     for name, value in (("PC_DWC_TH", th), ("PC_DWC_VW", vw), ("PC_DWC_VWW", vww), ("PC_DWC_MINB", minb),
                         ("PC_DWC_CTMAX", D.DWC_CTMAX), ("PC_DWC_THREADS", view.THREADS)):
         assert re.search(rf"#define {name} {value}\b", src), name

@@ -8,7 +8,8 @@ import torch
 
 from portconv.backends.opencl import clw, depthwise, igemm
 from portconv.backends.opencl.kernels import SLOT, Operand
-from portconv.backends.opencl.select import CLW_AHEAD_OF_BANDS, Facts, build, choose, implied_layouts, tc_mode
+from portconv.backends.opencl.select import (CLW_AHEAD_OF_BANDS, CLW_AHEAD_OF_DW_CL, Facts, build, choose,
+                                             implied_layouts, tc_mode)
 from portconv.conformance import cases as C
 from portconv.device import DeviceInfo
 from portconv.errors import Unsupported
@@ -201,6 +202,15 @@ CLW_RULE = [
      "channels-last kernels (opencl/depthwise.cl)"),
     ("5x5-cl-c16", _clw_case((5, 5), c=16), POCL, ("dw_cl_fwd", "dw_cl_bwd_data", "dw_cl_bwd_weight"),
      "channels-last kernels (opencl/depthwise.cl)"),  # depthwise.cl's program first, as before clw
+    # on a GPU clw runs ahead of depthwise.cl in the directions it takes (CLW_AHEAD_OF_DW_CL); depthwise.cl keeps the
+    # stride-2 backward-data
+    ("5x5-cl-c16-h100", _clw_case((5, 5), c=16), H100, ("clw_fwd_s1", "clw_bwd_data_s1", "clw_bwd_weight_s1"),
+     "the clw kernels (opencl/clw.cl, Note [depthwise clw]), else channels-last kernels (opencl/depthwise.cl)"),
+    ("5x5-cl-c16-stride2-h100", _clw_case((5, 5), c=16, stride=2), H100,
+     ("clw_fwd_s2", "dw_cl_bwd_data", "clw_bwd_weight_s2"), "Note [depthwise clw]) for fwd, bwd_weight, else "
+                                                             "channels-last kernels (opencl/depthwise.cl)"),
+    ("3x3-cl-h100", _clw_case((3, 3), c=16), H100, ("dw_cl_fwd", "dw_cl_bwd_data", "dw_cl_bwd_weight"),
+     "channels-last kernels (opencl/depthwise.cl) where the layouts allow"),  # 3 taps: not clw
     ("5x5-cl-c16-float16", _clw_case((5, 5), c=16, dtype="float16"), POCL,
      ("clw_fwd_s1", "clw_bwd_data_s1", "clw_bwd_weight_s1"), "Note [depthwise clw]"),
     ("5x3-cl", _clw_case((5, 3)), POCL, ("depthwise_fwd", "depthwise_bwd_data", "depthwise_bwd_weight"),
@@ -221,8 +231,11 @@ def test_clw_selection(row):
     got = tuple(ks[r].launches[0].kernel for r in ("output", "grad_input", "grad_weight"))
     assert got == kernels and reason in choice.reason, (got, choice.reason)
     assert ("clw" in choice.reason) == any(k.startswith("clw") for k in kernels), choice.reason
-    # bands takes every clw row here too: the reason says why clw runs instead (with its evidence)
-    assert (CLW_AHEAD_OF_BANDS in choice.reason) == kernels[0].startswith("clw"), choice.reason
+    # bands (and depthwise.cl for 5x5 on a GPU) takes every clw row here too: the reason says why clw runs instead
+    # (with its evidence)
+    gpu_5x5 = device.kind == "gpu" and tuple(pr.weight.shape[2:]) == (5, 5)
+    evidence = CLW_AHEAD_OF_DW_CL if gpu_5x5 else CLW_AHEAD_OF_BANDS
+    assert (evidence in choice.reason) == kernels[0].startswith("clw"), choice.reason
 
 
 def test_clw_launch_limits_fall_to_bands():

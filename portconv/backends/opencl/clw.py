@@ -33,6 +33,15 @@ def covers(view, dtype: str, fmt: str) -> bool:
     return all(kernels(view, dtype, fmt).values())
 
 
+def ahead_of_depthwise_cl(view, dtype: str, fmt: str, cpu: bool) -> tuple[str, ...]:
+    """The directions in which the clw kernels run ahead of opencl/depthwise.cl's channels-last kernels (both take
+    2-D 5x5 filters): on a GPU every direction clw takes (measured faster: select.CLW_AHEAD_OF_DW_CL), on a CPU
+    none (depthwise.cl's CPU programs first, as before clw)."""
+    if cpu:
+        return ()
+    return tuple(d for d, k in kernels(view, dtype, fmt).items() if k)
+
+
 def _defines(ctx: Ctx) -> dict:
     """The module of a view: geometry.clw_defines under the CLW_ prefix (the filter and the dtype's geometry)."""
     return {"CLW_" + k: v for k, v in geometry.clw_defines(ctx.view, ctx.dtype).items()}
@@ -44,7 +53,7 @@ def _spatial(ctx: Ctx, direction: str, src: Operand, w: Operand, dst: Operand, b
         return None, []
     v = ctx.view
     ct, blocks, tiles_c = geometry.clw_grid(v, direction, ctx.dtype, ctx.device.compute_units)
-    th, vw = geometry.DWC_GEOMETRY[ctx.dtype][:2]
+    g = geometry.DWC_GEOMETRY[ctx.dtype]
     x, y = (src, dst) if direction == "fwd" else (dst, src)
     args = desc(v, xs=x.strides5, ws=w.strides5, ys=y.strides5, **bias_fields(bias))
     so, do = ("xo", "yo") if direction == "fwd" else ("yo", "xo")
@@ -52,7 +61,8 @@ def _spatial(ctx: Ctx, direction: str, src: Operand, w: Operand, dst: Operand, b
     name = f"clw_{direction}_{kernel.removeprefix('clw_')}"
     launch = module_launch(ctx, SOURCE, _defines(ctx), name, (blocks * THREADS, tiles_c), (THREADS, 1), args, binds,
                            (x, w, y), local=geometry.clw_shared(v, ctx.dtype))
-    return part_of("clw", f"{name} (opencl/clw.cl): {ct} channel group(s) a group, {th}x{vw} outputs an item", launch)
+    summary = f"{name} (opencl/clw.cl): {ct} channel group(s) a group, {g.th}x{g.vw} outputs an item"
+    return part_of("clw", summary, launch)
 
 
 def fwd(ctx: Ctx, x: Operand, w: Operand, y: Operand, bias: Operand | None) -> tuple[Part | None, list[str]]:
@@ -78,7 +88,7 @@ def bwd_weight(ctx: Ctx, x: Operand, y: Operand, w: Operand) -> tuple[Part | Non
     args = desc(v, xs=x.strides5, ws=w.strides5, ys=y.strides5, red=chunk, total=splits)
     launch = module_launch(ctx, SOURCE, _defines(ctx), name, (splits * THREADS, tiles), (THREADS, 1), args,
                            (x.bind(1, "xo"), y.bind(2, "yo"), w.bind(3, "wo"), ws), (x, w, y), part_elems)
-    vww = geometry.DWC_GEOMETRY[ctx.dtype][2]
+    vww = geometry.DWC_GEOMETRY[ctx.dtype].vww
     summary = (f"{name} (opencl/clw.cl): a filter row an item, {splits} split(s) x {chunk} unit(s) of {vww} "
                "columns")
     return split_part(ctx, "clw", SOURCE, _defines(ctx), summary, launch, w, count, splits, "clw_finalize")

@@ -5,6 +5,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from ...device import DeviceInfo
+from ...dwbands import DIRECTIONS
 from ...errors import Unsupported
 from ...knobs import Options
 from ...problem import ConvView, Layout, Problem
@@ -100,6 +101,11 @@ CLW_AHEAD_OF_BANDS = ("bands not used: clw measured faster (H100 OpenCL, 7x7 flo
                       "bands 0.57x-1.16x)")
 
 
+# The evidence that puts the clw kernels ahead of depthwise.cl's channels-last kernels on GPUs, in the directions clw
+# takes (docs/performance/h100/depthwise.md, OpenCL section; the stride-2 backward-data stays on depthwise.cl).
+CLW_AHEAD_OF_DW_CL = "depthwise.cl second: clw measured faster on a GPU (H100 OpenCL, 5x5 channels-last: 1.4x-2.9x)"
+
+
 def _family(problem: Problem, view: ConvView, device: DeviceInfo, options: Options, fmt: str) -> tuple[str, str]:
     forced = options.algorithm
     if forced is not None:
@@ -111,6 +117,11 @@ def _family(problem: Problem, view: ConvView, device: DeviceInfo, options: Optio
         if depthwise.dw_spec(problem, view, fmt, cpu)[0] is not None:
             return "depthwise", f"{head}: vectorised kernels (opencl/depthwise.cl) where the layouts allow"
         cl, why = depthwise.dw_cl_spec(problem, view, fmt, cpu)
+        ahead = clw.ahead_of_depthwise_cl(view, problem.dtype, fmt, cpu)
+        if cl is not None and ahead:
+            some = "" if len(ahead) == len(DIRECTIONS) else f" for {', '.join(ahead)}"
+            return "depthwise", (f"{head}: the clw kernels (opencl/clw.cl, Note [depthwise clw]){some}, else "
+                                 f"channels-last kernels (opencl/depthwise.cl); {CLW_AHEAD_OF_DW_CL}")
         if cl is not None:
             return "depthwise", f"{head}: channels-last kernels (opencl/depthwise.cl) where the layouts allow"
         why = f"results {fmt}, {why}" if fmt != "contiguous" else depthwise.dw_spec(problem, view, fmt, cpu)[1]
@@ -156,9 +167,12 @@ def context(problem: Problem, device: DeviceInfo, options: Options, choice: Choi
 
 # --- build: the KernelPlans of one call ---------------------------------------------------------------------------
 
-def _sets(ctx: Ctx) -> tuple:
-    """The specialised kernel sets the family tries, in order, before the direct kernels."""
-    return (depthwise, clw, bands) if ctx.family == "depthwise" else (igemm,) if ctx.family.startswith("igemm") else ()
+def _sets(ctx: Ctx, direction: str) -> tuple:
+    """The specialised kernel sets the family tries for a direction, in order, before the direct kernels."""
+    if ctx.family == "depthwise":
+        ahead = direction in clw.ahead_of_depthwise_cl(ctx.view, ctx.dtype, ctx.fmt, ctx.cpu)
+        return (clw, depthwise, bands) if ahead else (depthwise, clw, bands)
+    return (igemm,) if ctx.family.startswith("igemm") else ()
 
 
 def _data(ctx: Ctx, kind: str, x: Operand, w: Operand, y: Operand, bias: Operand | None) -> tuple[Part, list[str]]:
@@ -166,7 +180,7 @@ def _data(ctx: Ctx, kind: str, x: Operand, w: Operand, y: Operand, bias: Operand
     if (y if kind == "fwd" else x).numel == 0:
         return Part("nothing to launch: the result is empty"), []
     why: list[str] = []
-    for kernels in _sets(ctx):
+    for kernels in _sets(ctx, kind):
         fn = getattr(kernels, kind)
         part, lines = fn(ctx, x, w, y, bias) if kind == "fwd" else fn(ctx, y, w, x, bias)
         if part is not None:
@@ -180,7 +194,7 @@ def _weight(ctx: Ctx, x: Operand, y: Operand, w: Operand) -> tuple[Part, list[st
     if w.numel == 0:
         return Part("nothing to launch: the result is empty"), []
     why: list[str] = []
-    for kernels in _sets(ctx):
+    for kernels in _sets(ctx, "bwd_weight"):
         part, lines = kernels.bwd_weight(ctx, x, y, w)
         if part is not None:
             return part, why

@@ -173,7 +173,7 @@ class ViewKernels:
         # sized for the directions that run 'bands'; Note [depthwise clw]: the filter and the dtype's geometry.
         ks = tuple(self.kernels[d] for d in DIRECTIONS)
         bands = tuple(k if k.startswith("bands") else "" for k in ks)
-        clw = {**clw_defines(view, dtype), "MINB": DWC_GEOMETRY[dtype][3]} if any(k.startswith("clw") for k in ks) \
+        clw = {**clw_defines(view, dtype), "MINB": DWC_GEOMETRY[dtype].minb} if any(k.startswith("clw") for k in ks) \
             else {}
         self.family_defines: dict[str, dict[str, int]] = {
             "bands": {"PC_DWB_" + k: v for k, v in dwb_defines(view, dtype, bands).items()},
@@ -212,8 +212,9 @@ class Depthwise:
             return "_" + kernel, (-(-results // planes) * bands, len(dwb_phases(v, direction)), 1), planes
         if kernel.startswith("clw"):  # Note [depthwise clw]: (spatial tiles, channel tiles)
             ct, blocks, tiles_c = clw_grid(v, direction, self.t.dtype, self.t.units)
-            th, vw = DWC_GEOMETRY[self.t.dtype][:2]
-            self.L.note(f"'{kernel}': {ct} channel group(s) a block, {th}x{vw} outputs a lane (Note [depthwise clw])")
+            g = DWC_GEOMETRY[self.t.dtype]
+            self.L.note(f"'{kernel}': {ct} channel group(s) a block, {g.th}x{g.vw} outputs a lane (Note [depthwise "
+                        "clw])")
             return "_" + kernel, (blocks, tiles_c, 1), 1
         self._describe(direction, kernel)
         work = depthwise_work(v, direction, kernel, self.vk.cl, self.t.dtype, self.vk.rows_v)
