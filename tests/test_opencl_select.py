@@ -8,8 +8,15 @@ import torch
 
 from portconv.backends.opencl import clw, depthwise, igemm
 from portconv.backends.opencl.kernels import SLOT, Operand
-from portconv.backends.opencl.select import (CLW_AHEAD_OF_BANDS, CLW_AHEAD_OF_DW_CL, Facts, build, choose,
-                                             implied_layouts, tc_mode)
+from portconv.backends.opencl.select import (
+    CLW_AHEAD_OF_BANDS,
+    CLW_AHEAD_OF_DW_CL,
+    Facts,
+    build,
+    choose,
+    implied_layouts,
+    tc_mode,
+)
 from portconv.conformance import cases as C
 from portconv.device import DeviceInfo
 from portconv.errors import Unsupported

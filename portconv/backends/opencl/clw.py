@@ -3,9 +3,9 @@
 Note [depthwise clw] in OpenCL: the rule and the geometry are the CUDA set's (portconv/dwclw.py, pure functions of the
 view), so both sets take the same problems with the same lanes, tiles and splits: channels-last results of 2-D
 depthwise filters of 2 to 9 taps an axis (not 3 along the last), multiplier 1, dilation 1, the same stride 1 or 2 on
-both axes; backward-data at stride 1 (stride 2 keeps the bands kernels' phases). Here they run where
-opencl/depthwise.cl's vectorised kernels do not (its kernel sizes are compile-time: 3, 3x3, 3x3x3, 5x5), ahead of
-the bands kernels.
+both axes; backward-data at stride 1 (stride 2 keeps the bands kernels' phases). Here they run ahead of the bands
+kernels, where opencl/depthwise.cl's vectorised kernels do not (its kernel sizes are compile-time: 3, 3x3, 3x3x3,
+5x5) and, on GPUs, ahead of depthwise.cl's channels-last kernels too (ahead_of_depthwise_cl).
 """
 from __future__ import annotations
 
