@@ -8,7 +8,7 @@
  * shared memory as [tap][channel] so a lane reads its VC weights of a tap in one access. The filter size is the
  * module's (PC_DWC_R1, PC_DWC_R2): every loop over taps is unrolled, and a lane's work holds in registers.
  *   Forward (stride S = 1 or 2 on both axes) and backward-data (stride 1: the forward over dY with the flipped filter
- *   and padding R - 1 - P): a lane forms TH x VW outputs of its channels. It walks the (TH - 1) S + R1 source rows
+ *   and padding R - 1 - P; stride 2: Note [clw phases]): a lane forms TH x VW outputs of its channels. It walks the (TH - 1) S + R1 source rows
  *   of its tile once, each as a window of (VW - 1) S + R2 vectors, and adds every row into each of the TH outputs
  *   rows it reaches (tap row i - t S).
  *   Weight gradient: a lane owns one filter row r1 of its channels, R2 x VC sums in registers, over one split of the
@@ -22,6 +22,13 @@
  * (portconv/dwclw.py, clw_grid and clw_splits) picks the grid that fills the GPU.
  */
 #pragma once
+
+/* Note [clw phases]: the stride-2 backward-data splits dX into its four phases (p1, p2) (rows i = 2 m + p1, columns
+ * 2 n + p2), grid z. Along an axis of filter R and padding P, phase p takes the taps r = q + 2 t, q = (p + P) mod 2,
+ * t < T = (R - q + 1) / 2, and dX[2 m + p] = sum_t dY[m + d - t] w[q + 2 t], d = (p + P - q) / 2: a stride-1
+ * forward over dY with the phase's filter g[t'] = w[q + 2 (T - 1 - t')]. Every phase runs TM = (R + 1) / 2 taps
+ * (the module's), g zero-padded in front, so its padding is TM - 1 - d; it writes the m < M = (X - p + 1) / 2
+ * positions through dX's strides doubled. Each dX element is written once, by its phase (no atomics). */
 
 #ifndef PC_DWC_R1
 #define PC_DWC_R1 7 /* filter rows of the module's view */
@@ -73,21 +80,52 @@ PC_DEVICE void pc_dwc_stage(pc_acc_t *wsh, const pc_conv_args &a, pc_idx cg0, pc
     }
 }
 
-/* Forward (FLIP false) or stride-1 backward-data (FLIP true), VC channels a lane. */
-template <int S, bool FLIP, int VC>
+/* Stage phase (q1, T1) x (q2, T2)'s filter of channel groups cg0 .. cg0 + CT - 1 (Note [clw phases]): tap
+ * (t1, t2) of TM1 x TM2 holds w[q1 + 2 (T1 - 1 - u1)][q2 + 2 (T2 - 1 - u2)], u = t - (TM - T), zero where u < 0. */
+template <int VC, int TM1, int TM2>
+PC_DEVICE void pc_dwc_stage_phase(pc_acc_t *wsh, const pc_conv_args &a, pc_idx cg0, pc_idx CT, int q1, int T1, int q2,
+                                  int T2) {
+    const pc_t *PC_RESTRICT w = (const pc_t *)a.w;
+    const pc_idx lanes = CT * VC, C = (pc_idx)a.C;
+    for (pc_idx i = (pc_idx)threadIdx.x; i < TM1 * TM2 * lanes; i += (pc_idx)blockDim.x) {
+        const pc_idx tap = i / lanes, c = cg0 * VC + (i - tap * lanes);
+        const int u1 = (int)(tap / TM2) - (TM1 - T1), u2 = (int)(tap % TM2) - (TM2 - T2);
+        wsh[i] = c < C && u1 >= 0 && u2 >= 0
+                     ? (pc_acc_t)pc_ld(w, c * (pc_idx)a.ws_[0] + (pc_idx)(q1 + 2 * (T1 - 1 - u1)) * (pc_idx)a.ws_[3] +
+                                              (pc_idx)(q2 + 2 * (T2 - 1 - u2)) * (pc_idx)a.ws_[4])
+                     : (pc_acc_t)0;
+    }
+}
+
+/* Forward (FLIP false), stride-1 backward-data (FLIP true) or a phase of the stride-2 backward-data (FLIP and PH:
+ * Note [clw phases], phase blockIdx.z), VC channels a lane. */
+template <int S, bool FLIP, int VC, bool PH = false>
 PC_DEVICE void pc_dwc_conv(const pc_conv_args &a, pc_acc_t *wsh) {
-    constexpr int R1 = PC_DWC_R1, R2 = PC_DWC_R2, TH = PC_DWC_TH, VW = PC_DWC_VW;
+    constexpr int R1 = PH ? (PC_DWC_R1 + 1) / 2 : PC_DWC_R1, R2 = PH ? (PC_DWC_R2 + 1) / 2 : PC_DWC_R2;
+    constexpr int TH = PC_DWC_TH, VW = PC_DWC_VW;
     constexpr int WIN = (VW - 1) * S + R2, ROWS = (TH - 1) * S + R1;
     PC_DWT_WALK_LOCALS(FLIP);
     (void)w, (void)E0, (void)D0, (void)ss2, (void)ds2, (void)ws0, (void)ws2, (void)ws3, (void)ws4;
-    const pc_idx P1 = FLIP ? R1 - 1 - (pc_idx)a.P[1] : (pc_idx)a.P[1];
-    const pc_idx P2 = FLIP ? R2 - 1 - (pc_idx)a.P[2] : (pc_idx)a.P[2];
+    pc_idx P1 = FLIP ? R1 - 1 - (pc_idx)a.P[1] : (pc_idx)a.P[1];
+    pc_idx P2 = FLIP ? R2 - 1 - (pc_idx)a.P[2] : (pc_idx)a.P[2];
+    pc_idx D1p = D1, D2p = D2, ds3p = ds3, ds4p = ds4, dp = 0; /* the phase's outputs (Note [clw phases]) */
+    int q1 = 0, q2 = 0, T1p = 0, T2p = 0;
+    if (PH) {
+        const int p1 = (int)(blockIdx.z >> 1), p2 = (int)(blockIdx.z & 1);
+        q1 = (int)((p1 + a.P[1]) & 1), q2 = (int)((p2 + a.P[2]) & 1);
+        T1p = (PC_DWC_R1 - q1 + 1) / 2, T2p = (PC_DWC_R2 - q2 + 1) / 2;
+        P1 = R1 - 1 - ((pc_idx)p1 + (pc_idx)a.P[1] - q1) / 2, P2 = R2 - 1 - ((pc_idx)p2 + (pc_idx)a.P[2] - q2) / 2;
+        D1p = (D1 - p1 + 1) / 2, D2p = (D2 - p2 + 1) / 2, ds3p = 2 * ds3, ds4p = 2 * ds4, dp = p1 * ds3 + p2 * ds4;
+    }
     const pc_idx CV = (pc_idx)a.C / VC, CT = pc_dwc_ct(CV, PC_DWC_THREADS), SY = PC_DWC_THREADS / CT;
     const pc_idx tx = (pc_idx)threadIdx.x % CT, ty = (pc_idx)threadIdx.x / CT;
-    const pc_idx T1 = (D1 + TH - 1) / TH, NS = (D2 + VW - 1) / VW, tiles = (pc_idx)a.N * T1 * NS;
+    const pc_idx T1 = (D1p + TH - 1) / TH, NS = (D2p + VW - 1) / VW, tiles = (pc_idx)a.N * T1 * NS;
     for (pc_idx cg0 = (pc_idx)blockIdx.y * CT; cg0 < CV; cg0 += (pc_idx)gridDim.y * CT) {
         PC_BARRIER(); /* the previous channel tile's reads of wsh are done */
-        pc_dwc_stage<FLIP, VC>(wsh, a, cg0, CT);
+        if (PH)
+            pc_dwc_stage_phase<VC, R1, R2>(wsh, a, cg0, CT, q1, T1p, q2, T2p);
+        else
+            pc_dwc_stage<FLIP, VC>(wsh, a, cg0, CT);
         PC_BARRIER();
         const pc_idx cv = cg0 + tx;
         if (ty >= SY || cv >= CV) continue;
@@ -126,11 +164,11 @@ PC_DEVICE void pc_dwc_conv(const pc_conv_args &a, pc_acc_t *wsh) {
                     }
                 }
             }
-            const pc_idx db = n * ds0 + c * ds1;
+            const pc_idx db = n * ds0 + c * ds1 + dp;
 #pragma unroll
             for (int t = 0; t < TH; ++t)
-                if (d1s + t < D1)
-                    pc_dwt_store<VC, VW>(dst, db + (d1s + t) * ds3 + d2s * ds4, ds4, D2 - d2s, acc[t], bias);
+                if (d1s + t < D1p)
+                    pc_dwt_store<VC, VW>(dst, db + (d1s + t) * ds3p + d2s * ds4p, ds4p, D2p - d2s, acc[t], bias);
         }
     }
 }
@@ -188,13 +226,13 @@ PC_DEVICE void pc_dwc_bwd_weight(const pc_conv_args &a) {
     }
 }
 
-template <int S, bool FLIP>
+template <int S, bool FLIP, bool PH = false>
 PC_DEVICE void pc_dwc_conv_any(const pc_conv_args &a) {
     PC_SHARED pc_vec<pc_acc_t, PC_DWC_VC> wsh[PC_DWC_WSH / PC_DWC_VC];
     if (PC_DWC_VC > 1 && pc_dwt_vec_ok<PC_DWC_VC>(a))
-        pc_dwc_conv<S, FLIP, PC_DWC_VC>(a, (pc_acc_t *)wsh);
+        pc_dwc_conv<S, FLIP, PC_DWC_VC, PH>(a, (pc_acc_t *)wsh);
     else
-        pc_dwc_conv<S, FLIP, 1>(a, (pc_acc_t *)wsh);
+        pc_dwc_conv<S, FLIP, 1, PH>(a, (pc_acc_t *)wsh);
 }
 
 template <int S>
@@ -218,6 +256,11 @@ PC_KERNEL void PC_LAUNCH_BOUNDS_MIN(256, PC_DWC_MINB) portconv_depthwise_fwd_clw
 #if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_bwd_data_clw_s1)
 PC_KERNEL void PC_LAUNCH_BOUNDS_MIN(256, PC_DWC_MINB) portconv_depthwise_bwd_data_clw_s1(const pc_conv_args a) {
     pc_dwc_conv_any<1, true>(a);
+}
+#endif
+#if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_bwd_data_clw_s2)
+PC_KERNEL void PC_LAUNCH_BOUNDS_MIN(256, PC_DWC_MINB) portconv_depthwise_bwd_data_clw_s2(const pc_conv_args a) {
+    pc_dwc_conv_any<1, true, true>(a); /* Note [clw phases]: a phase a grid z */
 }
 #endif
 #if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_bwd_weight_clw_s1)

@@ -9,7 +9,8 @@
  * access. The filter size is the module's (CLW_R1, CLW_R2): every loop over taps has constant bounds, and a lane's
  * work holds in private memory.
  *   Forward (stride S = 1 or 2 on both axes) and backward-data (stride 1: the forward over dY with the flipped filter
- *   and padding R - 1 - P): a lane forms TH x VW outputs of its channels. It walks the (TH - 1) S + R1 source rows
+ *   and padding R - 1 - P; stride 2: a phase a group of dimension 2, Note [clw phases] of the CUDA set): a lane
+ *   forms TH x VW outputs of its channels. It walks the (TH - 1) S + R1 source rows
  *   of its tile once, each as a window of (VW - 1) S + R2 vectors, and adds every row into each of the TH output
  *   rows it reaches (tap row i - t S).
  *   Weight gradient: a lane owns one filter row r1 of its channels, R2 x VC sums in private memory, over one split
@@ -176,13 +177,33 @@ inline void clw_stage(__local ACC *wsh, const conv_desc *d, __global const T *w,
     }
 }
 
+/* Stage phase get_group_id(2)'s filter of channel groups cg0 .. cg0 + CT - 1 (Note [clw phases]): tap (t1, t2) of
+ * TM1 x TM2 = ((R1 + 1) / 2, (R2 + 1) / 2) holds w[q1 + 2 (T1 - 1 - u1)][q2 + 2 (T2 - 1 - u2)], u = t - (TM - T),
+ * zero where u < 0. */
+inline void clw_stage_phase(__local ACC *wsh, const conv_desc *d, __global const T *w, idx_t cg0, idx_t CT,
+                            const int vc) {
+    const int TM1 = (CLW_R1 + 1) / 2, TM2 = (CLW_R2 + 1) / 2;
+    const int p1 = (int)get_group_id(2) >> 1, p2 = (int)get_group_id(2) & 1;
+    const int q1 = (int)((p1 + d->P[1]) & 1), q2 = (int)((p2 + d->P[2]) & 1);
+    const int T1 = (CLW_R1 - q1 + 1) / 2, T2 = (CLW_R2 - q2 + 1) / 2;
+    const idx_t lanes = CT * vc, C = d->G;
+    for (idx_t i = (idx_t)get_local_id(0); i < TM1 * TM2 * lanes; i += (idx_t)get_local_size(0)) {
+        const idx_t tap = i / lanes, c = cg0 * vc + (i - tap * lanes);
+        const int u1 = (int)(tap / TM2) - (TM1 - T1), u2 = (int)(tap % TM2) - (TM2 - T2);
+        wsh[i] = c < C && u1 >= 0 && u2 >= 0 ? (ACC)LD(w, c * d->ws[0] + (idx_t)(q1 + 2 * (T1 - 1 - u1)) * d->ws[3] +
+                                                         (idx_t)(q2 + 2 * (T2 - 1 - u2)) * d->ws[4])
+                                              : (ACC)0;
+    }
+}
+
 /* The TH x VW tiles of lane ty (of SY; the group's x: tiles from get_group_id(0) * SY on) of channel group cv, the
- * CT groups' filters staged in wsh from group cv - tx: forward (flip 0: x -> y, stride S) or stride-1 backward-data
- * (flip 1: dY -> dX, the flipped filter), vc channels a lane (S, flip, vc: constants after inlining). */
+ * CT groups' filters staged in wsh from group cv - tx: forward (flip 0: x -> y, stride S), stride-1 backward-data
+ * (flip 1: dY -> dX, the flipped filter) or a phase of the stride-2 one (flip 1, ph 1: Note [clw phases]), vc
+ * channels a lane (S, flip, ph, vc: constants after inlining). */
 inline void clw_tiles(const conv_desc *d, __global const T *src, __global const T *b, __global T *dst,
                       __local const ACC *wsh, idx_t cv, idx_t tx, idx_t ty, idx_t CT, idx_t SY, const int S,
-                      const int flip, const int vc) {
-    const int R1 = CLW_R1, R2 = CLW_R2, TH = CLW_TH, VW = CLW_VW;
+                      const int flip, const int ph, const int vc) {
+    const int R1 = ph ? (CLW_R1 + 1) / 2 : CLW_R1, R2 = ph ? (CLW_R2 + 1) / 2 : CLW_R2, TH = CLW_TH, VW = CLW_VW;
     const int WIN = (VW - 1) * S + R2, ROWS = (TH - 1) * S + R1;
     const idx_t E1 = flip ? d->Y[1] : d->X[1], E2 = flip ? d->Y[2] : d->X[2];
     const idx_t D1 = flip ? d->X[1] : d->Y[1], D2 = flip ? d->X[2] : d->Y[2];
@@ -190,8 +211,15 @@ inline void clw_tiles(const conv_desc *d, __global const T *src, __global const 
     const idx_t ss3 = flip ? d->ys[3] : d->xs[3], ss4 = flip ? d->ys[4] : d->xs[4];
     const idx_t ds0 = flip ? d->xs[0] : d->ys[0], ds1 = flip ? d->xs[1] : d->ys[1];
     const idx_t ds3 = flip ? d->xs[3] : d->ys[3], ds4 = flip ? d->xs[4] : d->ys[4];
-    const idx_t P1 = flip ? R1 - 1 - d->P[1] : d->P[1], P2 = flip ? R2 - 1 - d->P[2] : d->P[2];
-    const idx_t T1 = (D1 + TH - 1) / TH, NS = (D2 + VW - 1) / VW, tiles = d->N * T1 * NS;
+    idx_t P1 = flip ? R1 - 1 - d->P[1] : d->P[1], P2 = flip ? R2 - 1 - d->P[2] : d->P[2];
+    idx_t D1p = D1, D2p = D2, ds3p = ds3, ds4p = ds4, dp = 0; /* the phase's outputs (Note [clw phases]) */
+    if (ph) {
+        const int p1 = (int)get_group_id(2) >> 1, p2 = (int)get_group_id(2) & 1;
+        const int q1 = (int)((p1 + d->P[1]) & 1), q2 = (int)((p2 + d->P[2]) & 1);
+        P1 = R1 - 1 - (p1 + d->P[1] - q1) / 2, P2 = R2 - 1 - (p2 + d->P[2] - q2) / 2;
+        D1p = (D1 - p1 + 1) / 2, D2p = (D2 - p2 + 1) / 2, ds3p = 2 * ds3, ds4p = 2 * ds4, dp = p1 * ds3 + p2 * ds4;
+    }
+    const idx_t T1 = (D1p + TH - 1) / TH, NS = (D2p + VW - 1) / VW, tiles = d->N * T1 * NS;
     const idx_t c = cv * vc;
     __local const clw_accv *wl = (__local const clw_accv *)wsh + tx;
     ACC bias[CLW_VC];
@@ -224,16 +252,16 @@ inline void clw_tiles(const conv_desc *d, __global const T *src, __global const 
                 }
             }
         }
-        const idx_t db = n * ds0 + c * ds1;
+        const idx_t db = n * ds0 + c * ds1 + dp;
         for (int t = 0; t < TH; ++t)
-            if (d1s + t < D1) clw_store(dst, db + (d1s + t) * ds3 + d2s * ds4, ds4, D2 - d2s, acc[t], bias, vc);
+            if (d1s + t < D1p) clw_store(dst, db + (d1s + t) * ds3p + d2s * ds4p, ds4p, D2p - d2s, acc[t], bias, vc);
     }
 }
 
-/* Forward or stride-1 backward-data (clw_tiles) over the channel tiles of the group's y: stage, then every lane's
- * tiles; vc channels a lane. */
+/* Forward or backward-data (clw_tiles) over the channel tiles of the group's y: stage, then every lane's tiles; vc
+ * channels a lane. */
 inline void clw_conv(const conv_desc *d, __global const T *src, __global const T *w, __global const T *b,
-                     __global T *dst, __local ACC *wsh, const int S, const int flip, const int vc) {
+                     __global T *dst, __local ACC *wsh, const int S, const int flip, const int ph, const int vc) {
     src += flip ? d->yo : d->xo;
     dst += flip ? d->xo : d->yo;
     w += d->wo;
@@ -242,9 +270,12 @@ inline void clw_conv(const conv_desc *d, __global const T *src, __global const T
     const idx_t tx = (idx_t)get_local_id(0) % CT, ty = (idx_t)get_local_id(0) / CT;
     for (idx_t cg0 = (idx_t)get_group_id(1) * CT; cg0 < CV; cg0 += (idx_t)get_num_groups(1) * CT) {
         barrier(CLK_LOCAL_MEM_FENCE); /* the previous channel tile's reads of wsh are done */
-        clw_stage(wsh, d, w, cg0, CT, flip, vc);
+        if (ph)
+            clw_stage_phase(wsh, d, w, cg0, CT, vc);
+        else
+            clw_stage(wsh, d, w, cg0, CT, flip, vc);
         barrier(CLK_LOCAL_MEM_FENCE);
-        if (ty < SY && cg0 + tx < CV) clw_tiles(d, src, b, dst, wsh, cg0 + tx, tx, ty, CT, SY, S, flip, vc);
+        if (ty < SY && cg0 + tx < CV) clw_tiles(d, src, b, dst, wsh, cg0 + tx, tx, ty, CT, SY, S, flip, ph, vc);
     }
 }
 
@@ -293,18 +324,19 @@ inline void clw_weight(const conv_desc *d, __global const T *x, __global const T
 }
 
 /* The entries: src is x (forward) or dy (backward-data), dst y or dx; the vector path or one channel a lane. */
-#define CLW_CONV_ENTRY(name, S, FLIP)                                                                                 \
+#define CLW_CONV_ENTRY(name, S, FLIP, PH)                                                                             \
     __kernel void name(const conv_desc d, __global const T *src, __global const T *w, __global const T *b,          \
                        __global T *dst) {                                                                           \
         __local clw_accv wsh[CLW_WSH / CLW_VC];                                                                      \
         if (CLW_VC > 1 && clw_vec_ok(&d))                                                                            \
-            clw_conv(&d, src, w, b, dst, (__local ACC *)wsh, S, FLIP, CLW_VC);                                       \
+            clw_conv(&d, src, w, b, dst, (__local ACC *)wsh, S, FLIP, PH, CLW_VC);                                   \
         else                                                                                                         \
-            clw_conv(&d, src, w, b, dst, (__local ACC *)wsh, S, FLIP, 1);                                            \
+            clw_conv(&d, src, w, b, dst, (__local ACC *)wsh, S, FLIP, PH, 1);                                        \
     }
-CLW_CONV_ENTRY(clw_fwd_s1, 1, 0)
-CLW_CONV_ENTRY(clw_fwd_s2, 2, 0)
-CLW_CONV_ENTRY(clw_bwd_data_s1, 1, 1)
+CLW_CONV_ENTRY(clw_fwd_s1, 1, 0, 0)
+CLW_CONV_ENTRY(clw_fwd_s2, 2, 0, 0)
+CLW_CONV_ENTRY(clw_bwd_data_s1, 1, 1, 0)
+CLW_CONV_ENTRY(clw_bwd_data_s2, 1, 1, 1) /* Note [clw phases]: a phase a group of dimension 2 */
 
 #define CLW_WEIGHT_ENTRY(name, S)                                                                                     \
     __kernel void name(const conv_desc d, __global const T *x, __global const T *y, __global T *w,                  \

@@ -12,7 +12,8 @@ from .dwbands import THREADS
 from .problem import ConvView
 
 # Channels-last 2-D filters of 2 to DWC_TAPS_MAX taps an axis (not 3 along the last: the 3-tap kernels take those),
-# multiplier 1, dilation 1, the same stride 1 or 2 on both axes; backward-data at stride 1. DWC_CTMAX: channel groups
+# multiplier 1, dilation 1, the same stride 1 or 2 on both axes (the stride-2 backward-data by phases, Note [clw
+# phases] in cuda/conv_depthwise_clw.cuh). DWC_CTMAX: channel groups
 # a block at most (PC_DWC_CTMAX, CLW_CTMAX); DWC_SHARED: the staged filters' bytes at most (R1 x R2 x CTMAX x VC
 # values). A block (work-group) is THREADS lanes.
 DWC_TAPS_MAX, DWC_CTMAX, DWC_SHARED = 9, 32, 49152
@@ -28,6 +29,7 @@ class Geometry(NamedTuple):
     vc: int  # channels a lane on the vector path (one access of VC values)
     th: int  # output rows a lane (forward, backward-data)
     vw: int  # output columns a lane
+    vw_s2: int  # output columns a lane in a stride-2 module (its forward and backward-data phases)
     vww: int  # output columns a weight-gradient unit
     minb: int  # blocks an SM asked of ptxas (CUDA/HIP only)
 
@@ -36,10 +38,17 @@ class Geometry(NamedTuple):
 # an SM (4 x 4 spills at that cap: the forward ran 4x slower; uncapped it ran up to 38% slower than 1 x 8); 2 channels
 # 2 x 8 ran the forward 5-25% faster but convnext-dw7x7-st1's weight gradient 28% slower (0.336 against 0.263 ms;
 # one VC serves every direction). float32 4 x 4 uncapped (convnext-dw7x7-st1-cl forward 0.214 ms against 0.297 ms at
-# 1 x 8; one channel 4 x 8 ran it in 0.179 ms but effnet-dw5x5-s2-cl's in 0.143 against 0.092). The kernels' defaults
-# are the 16-bit values.
-DWC_GEOMETRY = {"float16": Geometry(4, 1, 8, 16, 2), "bfloat16": Geometry(4, 1, 8, 16, 2),
-                "float32": Geometry(2, 4, 4, 8, 1), "float64": Geometry(1, 4, 4, 8, 1)}
+# 1 x 8; one channel 4 x 8 ran it in 0.179 ms but effnet-dw5x5-s2-cl's in 0.143 against 0.092). At stride 2 the
+# 16-bit forward's window of (8 - 1) 2 + R2 vectors spills (1.5 KB at 5x5): 1 x 4 ran effnet-dw5x5-s2-bf16-cl's
+# forward in 0.079 ms against 0.181. The kernels' defaults are the 16-bit stride-1 values.
+DWC_GEOMETRY = {"float16": Geometry(4, 1, 8, 4, 16, 2), "bfloat16": Geometry(4, 1, 8, 4, 16, 2),
+                "float32": Geometry(2, 4, 4, 4, 8, 1), "float64": Geometry(1, 4, 4, 4, 8, 1)}
+
+
+def clw_vw(view: ConvView, dtype: str) -> int:
+    """Output columns a lane of the view's module (PC_DWC_VW, CLW_VW): the dtype's vw, vw_s2 at stride 2."""
+    g = DWC_GEOMETRY[dtype]
+    return g.vw_s2 if view.S[1] == 2 else g.vw
 
 
 def clw_shared(view: ConvView, dtype: str) -> int:
@@ -57,7 +66,7 @@ def clw_kernels(view: ConvView, cl: bool, dtype: str) -> tuple[str, str, str]:
             and 2 <= r1 <= DWC_TAPS_MAX and 2 <= r2 <= DWC_TAPS_MAX and r2 != 3 and view.S[2] == s and s in (1, 2)
             and clw_shared(view, dtype) <= DWC_SHARED):
         return "", "", ""
-    return f"clw_s{s}", "clw_s1" if s == 1 else "", f"clw_s{s}"
+    return f"clw_s{s}", f"clw_s{s}", f"clw_s{s}"
 
 
 def clw_groups(view: ConvView, dtype: str, lanes: int) -> tuple[int, int]:
@@ -70,15 +79,22 @@ def clw_groups(view: ConvView, dtype: str, lanes: int) -> tuple[int, int]:
     return -(-cv // tiles), tiles
 
 
+def clw_phases(view: ConvView, direction: str) -> int:
+    """Launch phases (grid z): the stride-2 backward-data's four (Note [clw phases]), else one."""
+    return 4 if direction == "bwd_data" and view.S[1] == 2 else 1
+
+
 def clw_grid(view: ConvView, direction: str, dtype: str, units: int) -> tuple[int, int, int]:
     """(channel groups a block, blocks, channel tiles) of a forward or backward-data launch, grid (blocks, channel
-    tiles): THREADS / groups lanes a block over the TH x VW tiles of the result, at most DWC_BLOCKS_PER_UNIT blocks
-    a compute unit (the kernels' loops take the rest)."""
+    tiles, clw_phases): THREADS / groups lanes a block over the TH x VW tiles of the result (of a phase: its first,
+    the largest), at most DWC_BLOCKS_PER_UNIT blocks a compute unit over the phases (the kernels' loops take the
+    rest)."""
     ct, tiles_c = clw_groups(view, dtype, THREADS)
-    ext = view.Y if direction == "fwd" else view.X
+    phases = clw_phases(view, direction)
+    ext = view.Y if direction == "fwd" else tuple(-(-e // (2 if phases > 1 else 1)) for e in view.X)
     g = DWC_GEOMETRY[dtype]
-    tiles = view.N * -(-ext[1] // g.th) * -(-ext[2] // g.vw)
-    return ct, max(1, min(-(-tiles // (THREADS // ct)), units * DWC_BLOCKS_PER_UNIT)), tiles_c
+    tiles = view.N * -(-ext[1] // g.th) * -(-ext[2] // clw_vw(view, dtype))
+    return ct, max(1, min(-(-tiles // (THREADS // ct)), units * DWC_BLOCKS_PER_UNIT // phases)), tiles_c
 
 
 def clw_splits(view: ConvView, dtype: str, units: int) -> tuple[int, int, int]:
@@ -93,6 +109,6 @@ def clw_splits(view: ConvView, dtype: str, units: int) -> tuple[int, int, int]:
 
 def clw_defines(view: ConvView, dtype: str) -> dict[str, int]:
     """The compile-time values of a view's clw module by their names without the set's prefix (PC_DWC_ in the CUDA
-    set, CLW_ in the OpenCL set): the filter (R1, R2) and the dtype's geometry (VC, TH, VW, VWW)."""
+    set, CLW_ in the OpenCL set): the filter (R1, R2) and the dtype's geometry (VC, TH, VW by stride, VWW)."""
     g = DWC_GEOMETRY[dtype]
-    return {"R1": view.R[1], "R2": view.R[2], "VC": g.vc, "TH": g.th, "VW": g.vw, "VWW": g.vww}
+    return {"R1": view.R[1], "R2": view.R[2], "VC": g.vc, "TH": g.th, "VW": clw_vw(view, dtype), "VWW": g.vww}

@@ -639,7 +639,9 @@ def test_depthwise_bands_on_cpu(emu_backend, case, monkeypatch):
 CLW_CASES = [  # Note [depthwise clw]: channels-last filters of 2 to 9 taps an axis, not 3 along the last
     EmuCase(2, 2, 8, 8, 9, 5, padding=2, groups=8, layout="chlast"),  # vector path in every dtype
     EmuCase(2, 2, 12, 12, 10, 7, padding=3, groups=12, layout="chlast"),  # ConvNeXt's 7x7; weight splits > 1
-    EmuCase(2, 1, 8, 8, 11, 5, stride=2, padding=2, groups=8, layout="chlast"),  # stride 2: bwd-data on 'bands'
+    EmuCase(2, 1, 8, 8, 11, 5, stride=2, padding=2, groups=8, layout="chlast"),  # stride 2: Note [clw phases]
+    EmuCase(2, 2, 8, 8, 10, 4, stride=2, padding=1, groups=8, layout="chlast"),  # even filter, even size: phases
+    EmuCase(2, 1, 4, 4, 9, 7, stride=2, padding=0, groups=4, layout="chlast"),  # no padding: d >= TM - 1
     EmuCase(2, 1, 6, 6, 9, 4, padding=1, groups=6, layout="chlast"),  # even filter; 16-bit: C % 4, one a lane
     EmuCase(2, 1, 66, 66, 5, 5, padding=2, groups=66, layout="chlast"),  # channel tiles of 32 groups and a rest
 ]
@@ -648,11 +650,11 @@ CLW_CASES = [  # Note [depthwise clw]: channels-last filters of 2 to 9 taps an a
 @pytest.mark.parametrize("case", CLW_CASES, ids=lambda c: f"k{c.kernel}s{c.stride}c{c.c}")
 def test_depthwise_clw_on_cpu(emu_backend, case, monkeypatch):
     """Note [depthwise clw]: forward (with bias), grad_input and grad_weight of the 'clw' kernels in all four dtypes
-    against aten in float64, outputs poisoned; backward-data on 'clw' at stride 1 ('bands' phases at stride 2)."""
+    against aten in float64, outputs poisoned; the stride-2 backward-data by phases (Note [clw phases])."""
     launches = _family_launches(emu_backend, case, monkeypatch, "clw")
     names = {x_.kernel for x_ in launches}
     assert {f"portconv_depthwise_fwd_clw_s{case.stride}", f"portconv_depthwise_bwd_weight_clw_s{case.stride}"} <= names
-    assert ("portconv_depthwise_bwd_data_clw_s1" in names) == (case.stride == 1), names
+    assert f"portconv_depthwise_bwd_data_clw_s{case.stride}" in names, names
     splits = {view.arg_field(x_, "splits") for x_ in launches if "weight_clw" in x_.kernel}
     if case.kernel == 7:
         assert max(splits) >= 2, splits
@@ -682,7 +684,7 @@ def test_depthwise_clw_rule():
                         (1, 1, 1))
 
     assert D.clw_kernels(view_(56, 7), True, "bfloat16") == ("clw_s1", "clw_s1", "clw_s1")
-    assert D.clw_kernels(view_(56, 5, 2), True, "float32") == ("clw_s2", "", "clw_s2")
+    assert D.clw_kernels(view_(56, 5, 2), True, "float32") == ("clw_s2",) * 3  # Note [clw phases]
     assert D.clw_kernels(view_(56, 7), False, "bfloat16") == ("", "", "")  # NCHW results: 'bands'
     assert D.clw_kernels(view_(56, 3), True, "bfloat16") == ("", "", "")  # 3 taps: the tile kernels
     assert D.clw_kernels(view_(56, 5, r1=3), True, "float32") == ("clw_s1",) * 3  # 3 rows, 5 columns
@@ -704,7 +706,7 @@ def test_depthwise_clw_constants():
     from portconv import dwclw as D
 
     src = (pathlib.Path(__file__).resolve().parents[1] / "cuda" / "conv_depthwise_clw.cuh").read_text()
-    _, th, vw, vww, minb = D.DWC_GEOMETRY["bfloat16"]  # VC: always the host's (clw_defines)
+    _, th, vw, _, vww, minb = D.DWC_GEOMETRY["bfloat16"]  # VC and VW by stride: always the host's (clw_defines)
     for name, value in (("PC_DWC_TH", th), ("PC_DWC_VW", vw), ("PC_DWC_VWW", vww), ("PC_DWC_MINB", minb),
                         ("PC_DWC_CTMAX", D.DWC_CTMAX), ("PC_DWC_THREADS", view.THREADS)):
         assert re.search(rf"#define {name} {value}\b", src), name
@@ -791,7 +793,7 @@ def test_depthwise_selection(monkeypatch):
     assert ks(view_(1, r=5)) == {"fwd": "bands_s1", "bwd_data": "bands_s1", "bwd_weight": "bands_s1"}  # any filter
     assert ks(view_(2, r=5))["fwd"] == ks(view_(2, r=5))["bwd_data"] == "bands_s2"  # Note [bands phases]
     assert ks(view_(1, r=5), cl=True) == {"fwd": "clw_s1", "bwd_data": "clw_s1", "bwd_weight": "clw_s1"}  # clw
-    assert ks(view_(2, r=5), cl=True) == {"fwd": "clw_s2", "bwd_data": "bands_s2", "bwd_weight": "clw_s2"}
+    assert ks(view_(2, r=5), cl=True) == {"fwd": "clw_s2", "bwd_data": "clw_s2", "bwd_weight": "clw_s2"}
     assert ks(view_(1, r=5, k=288), cl=True)["fwd"] == "bands_s1"  # multiplier 2: not 'clw'
     assert ks(view_(1, r=5, k=288))["bwd_data"] == "rows" and ks(view_(1, rank=3, r=5))["fwd"] == "rows"
     assert ks(view_(1, rank=1, r=7)) == ks(dataclasses.replace(view_(1), R=(1, 1, 1))) == {

@@ -36,14 +36,15 @@ CASES = [  # (conformance case id, Options.opencl_dense): the families Oclgrind'
     ("conv3d-n3c2k3-i5x6x7-f1x1x1-s1x2x2-p1x0x1-d1x2x1-g1-nb-m111-strided", None),  # ig_finalize (split reduction)
     ("model-mobilenetv2-dw3x3-s1-nhwc", None),  # dw_cl_fwd dw_cl_bwd_data dw_cl_bwd_weight dw_finalize
     ("conv2d-n2c3k3-i12x11-f7x7-s1-p3-d1-g3-b-m110-chlast", None),  # clw_fwd_s1 clw_bwd_data_s1 clw_bwd_weight_s1
-    ("conv2d-n3c4k4-i7x9-f2x2-s2-p1-d1-g4-b-m111-chlast", None),  # clw_fwd_s2 clw_bwd_weight_s2 (vector path)
+    ("conv2d-n3c4k4-i7x9-f2x2-s2-p1-d1-g4-b-m111-chlast", None),  # clw_fwd_s2 clw_bwd_data_s2 clw_bwd_weight_s2
 ]
 FAMILIES = {  # launch.stat_name of every kernel in opencl/*.cl
     "conv.cl": ("fwd", "bwd_data", "bwd_weight", "bias_grad"),
     "igemm.cl": ("ig_fwd", "ig_bwd_data", "ig_bwd_weight", "ig_finalize"),
     "depthwise.cl NCHW": ("dw_fwd", "dw_bwd_data", "dw_bwd_weight", "dw_finalize"),
     "depthwise.cl channels-last": ("dw_cl_fwd", "dw_cl_bwd_data", "dw_cl_bwd_weight"),
-    "clw.cl": ("clw_fwd_s1", "clw_fwd_s2", "clw_bwd_data_s1", "clw_bwd_weight_s1", "clw_bwd_weight_s2", "clw_finalize"),
+    "clw.cl": ("clw_fwd_s1", "clw_fwd_s2", "clw_bwd_data_s1", "clw_bwd_data_s2", "clw_bwd_weight_s1",
+               "clw_bwd_weight_s2", "clw_finalize"),
 }
 RUNS = {  # run -> (Oclgrind's environment, PORTCONV_POISON)
     "races": ({"OCLGRIND_DATA_RACES": "1"}, True),

@@ -14,7 +14,8 @@ from portconv.backends.opencl import runtime as rt
 from portconv.knobs import Options
 from portconv.params import ConvParams
 
-CLW = ("clw_fwd_s1", "clw_fwd_s2", "clw_bwd_data_s1", "clw_bwd_weight_s1", "clw_bwd_weight_s2", "clw_finalize")
+CLW = ("clw_fwd_s1", "clw_fwd_s2", "clw_bwd_data_s1", "clw_bwd_data_s2", "clw_bwd_weight_s1", "clw_bwd_weight_s2",
+       "clw_finalize")
 OTHERS = ("bands_fwd_s1", "bands_fwd_s2", "bands_bwd_data_s1", "bands_bwd_data_s2", "bands_bwd_weight_s1",
           "bands_bwd_weight_s2", "dw_cl_fwd", "dw_cl_bwd_data", "dw_cl_bwd_weight", "fwd", "bwd_data", "bwd_weight")
 
@@ -27,8 +28,9 @@ EDGES = [  # (id, shape (C, *spatial), kernel, stride, padding, batch)
     ("c4-2x7-pad0x3", (4, 9, 14), (2, 7), 1, (0, 3), 1),
     ("c4-3x5-pad1x2", (4, 8, 10), (3, 5), 1, (1, 2), 2),  # 3 rows, 5 columns
     ("c4-4x4-same", (4, 9, 8), (4, 4), 1, "same", 2),  # 1 low, 2 high padding a side
-    ("c6-5x5-stride2", (6, 12, 13), (5, 5), 2, 2, 2),  # backward-data: bands (Note [bands phases])
+    ("c6-5x5-stride2", (6, 12, 13), (5, 5), 2, 2, 2),  # backward-data by phases (Note [clw phases])
     ("c8-4x4-stride2-pad1", (8, 11, 10), (4, 4), 2, 1, 2),
+    ("c4-7x7-stride2-pad0", (4, 13, 10), (7, 7), 2, 0, 2),  # no padding: a phase's window starts past m
     ("c66-5x5-channel-tiles", (66, 6, 7), (5, 5), 1, 2, 1),  # float32: 33 groups, tiles of 32 and 1
     ("c2-2x2-one-group", (2, 2, 5), (2, 2), 1, 0, 1),  # one work-group a direction, one weight split
 ]
@@ -38,8 +40,8 @@ EDGES = [  # (id, shape (C, *spatial), kernel, stride, padding, batch)
 @pytest.mark.parametrize("dt", ["f32", "f64", "f16", "bf16"])
 @pytest.mark.parametrize("edge", EDGES, ids=lambda e: e[0])
 def test_clw_kernels(edge, dt):
-    """Forward (with bias), grad_input and grad_weight of channels-last results run clw_fwd, clw_bwd_data (stride 1;
-    stride 2: the bands phases) and clw_bwd_weight (+ clw_finalize where it splits) and match float64."""
+    """Forward (with bias), grad_input and grad_weight of channels-last results run clw_fwd, clw_bwd_data (stride 2:
+    by phases) and clw_bwd_weight (+ clw_finalize where it splits) and match float64."""
     _, shape, k, stride, padding, n = edge
     dtype = DTYPES[dt]
     x, w, b, p = dw_case(shape, k, stride, padding, 1, n, dtype, fmt="channels_last")
@@ -48,7 +50,7 @@ def test_clw_kernels(edge, dt):
     launched = run_all(plan, x, w, b, p, dtype, CLW + OTHERS, go_like_y=True)
     splits = len(plan.kernel("grad_weight").launches) - 1
     want = {f"clw_fwd_s{stride}": 1, f"clw_bwd_weight_s{stride}": 1, **({"clw_finalize": 1} if splits else {}),
-            **({"clw_bwd_data_s1": 1} if stride == 1 else {"bands_bwd_data_s2": 1})}
+            f"clw_bwd_data_s{stride}": 1}
     assert launched == want, (launched, lines(plan, "grad_weight"))
     if shape == (2, 2, 5):
         assert [x_.grid for r in ("output", "grad_input") for x_ in plan.kernel(r).launches] == [(256, 1)] * 2

@@ -3,7 +3,7 @@
 Note [depthwise clw] in OpenCL: the rule and the geometry are the CUDA set's (portconv/dwclw.py, pure functions of the
 view), so both sets take the same problems with the same lanes, tiles and splits: channels-last results of 2-D
 depthwise filters of 2 to 9 taps an axis (not 3 along the last), multiplier 1, dilation 1, the same stride 1 or 2 on
-both axes; backward-data at stride 1 (stride 2 keeps the bands kernels' phases). Here they run ahead of the bands
+both axes (the stride-2 backward-data by phases, Note [clw phases]). Here they run ahead of the bands
 kernels, where opencl/depthwise.cl's vectorised kernels do not (its kernel sizes are compile-time: 3, 3x3, 3x3x3,
 5x5) and, on GPUs, ahead of depthwise.cl's channels-last kernels too (ahead_of_depthwise_cl).
 """
@@ -59,9 +59,13 @@ def _spatial(ctx: Ctx, direction: str, src: Operand, w: Operand, dst: Operand, b
     so, do = ("xo", "yo") if direction == "fwd" else ("yo", "xo")
     binds = (src.bind(1, so), w.bind(2, "wo"), bias_bind(bias, 3), dst.bind(4, do))
     name = f"clw_{direction}_{kernel.removeprefix('clw_')}"
-    launch = module_launch(ctx, SOURCE, _defines(ctx), name, (blocks * THREADS, tiles_c), (THREADS, 1), args, binds,
-                           (x, w, y), local=geometry.clw_shared(v, ctx.dtype))
-    summary = f"{name} (opencl/clw.cl): {ct} channel group(s) a group, {g.th}x{g.vw} outputs an item"
+    phases = geometry.clw_phases(v, direction)  # Note [clw phases]: a phase a group of dimension 2
+    grid, block = ((blocks * THREADS, tiles_c, phases), (THREADS, 1, 1)) if phases > 1 else \
+        ((blocks * THREADS, tiles_c), (THREADS, 1))
+    launch = module_launch(ctx, SOURCE, _defines(ctx), name, grid, block, args, binds, (x, w, y),
+                           local=geometry.clw_shared(v, ctx.dtype))
+    how = f"{g.th}x{geometry.clw_vw(v, ctx.dtype)} outputs an item" + (f", {phases} phases" if phases > 1 else "")
+    summary = f"{name} (opencl/clw.cl): {ct} channel group(s) a group, {how}"
     return part_of("clw", summary, launch)
 
 

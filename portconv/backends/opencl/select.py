@@ -102,7 +102,7 @@ CLW_AHEAD_OF_BANDS = ("bands not used: clw measured faster (H100 OpenCL, 7x7 flo
 
 
 # The evidence that puts the clw kernels ahead of depthwise.cl's channels-last kernels on GPUs, in the directions clw
-# takes (docs/performance/h100/depthwise.md, OpenCL section; the stride-2 backward-data stays on depthwise.cl).
+# takes (docs/performance/h100/depthwise.md, OpenCL section).
 CLW_AHEAD_OF_DW_CL = "depthwise.cl second: clw measured faster on a GPU (H100 OpenCL, 5x5 channels-last: 1.4x-2.9x)"
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 from ...dwbands import DIRECTIONS, bands_kernels, dw_bands, dwb_defines, dwb_phases, dwb_splits, dwb_vh
-from ...dwclw import DWC_GEOMETRY, DWC_VC, clw_defines, clw_grid, clw_kernels, clw_splits
+from ...dwclw import DWC_GEOMETRY, DWC_VC, clw_defines, clw_grid, clw_kernels, clw_phases, clw_splits, clw_vw
 from ...problem import ConvView
 from . import view as V
 from .view import THREADS, Launches, Operand
@@ -212,10 +212,11 @@ class Depthwise:
             return "_" + kernel, (-(-results // planes) * bands, len(dwb_phases(v, direction)), 1), planes
         if kernel.startswith("clw"):  # Note [depthwise clw]: (spatial tiles, channel tiles)
             ct, blocks, tiles_c = clw_grid(v, direction, self.t.dtype, self.t.units)
-            g = DWC_GEOMETRY[self.t.dtype]
-            self.L.note(f"'{kernel}': {ct} channel group(s) a block, {g.th}x{g.vw} outputs a lane (Note [depthwise "
-                        "clw])")
-            return "_" + kernel, (blocks, tiles_c, 1), 1
+            g, phases = DWC_GEOMETRY[self.t.dtype], clw_phases(v, direction)
+            how = f"{g.th}x{clw_vw(v, self.t.dtype)} outputs a lane" + (
+                f", {phases} phases (Note [clw phases])" if phases > 1 else "")
+            self.L.note(f"'{kernel}': {ct} channel group(s) a block, {how} (Note [depthwise clw])")
+            return "_" + kernel, (blocks, tiles_c, phases), 1
         self._describe(direction, kernel)
         work = depthwise_work(v, direction, kernel, self.vk.cl, self.t.dtype, self.vk.rows_v)
         return "_" + kernel, self.L.elementwise_grid(work), 1
