@@ -96,13 +96,21 @@ def _channels_last_7x7_float32(problem: Problem) -> bool:
             and all(7 <= k < 13 for k in _kernel(problem)))
 
 
+def _channels_last_5x5_stride2(problem: Problem) -> bool:
+    """Channels-last 2-D 5x5 at stride 2 (EfficientNet's downsampling depthwise layers): the 'clw' kernels with the
+    backward-data by phases (Note [clw phases]), where cuDNN's NHWC backward-data is slowest."""
+    p = problem.params
+    return (p.rank == 2 and set(p.stride) == {2} and _kernel(problem) == (5, 5)
+            and _large_dense_depthwise(problem, "channels_last"))
+
+
 # Note [own kernel wins]
 # portconv's own kernels replace ATen's choice only for a problem class measured faster per call (forward + both
 # gradients, same process as PyTorch, against the faster of PyTorch's default and cudnn.benchmark). Smaller
 # depthwise problems are host-bound: under 1M outputs (mbv2-dw3x3-b1) the own plan measured 0.81x-1.32x per call,
 # so 2-D starts at 1M; 3-D keeps 2M, the smallest 3-D size measured. Each row's evidence is the sum of the three
 # directions' device times on the suite rows it names (docs/performance/h100/depthwise.md); the classes that
-# measured slower stay with ATen (channels-last 2-D 3x3 and 5x5, and 7x7 in 16-bit types).
+# measured slower stay with ATen (channels-last 2-D 3x3 and 5x5 at stride 1, and 7x7 in 16-bit types).
 OWN_KERNEL_WINS: tuple[OwnKernelWin, ...] = (
     OwnKernelWin(BackendId.CUDA, ("CudaDepthwise2d", "CudaDepthwise3d"), _large_dense_depthwise_3tap,
                  "depthwise 3x3 (>= 1M outputs) / 3x3x3 (>= 2M), stride 1 (or 2 in 2-D), NCHW",
@@ -123,6 +131,10 @@ OWN_KERNEL_WINS: tuple[OwnKernelWin, ...] = (
                  ">= 1.73x; docs/performance/h100/depthwise.md)",
                  compiled="convnext_tiny float32 training step compiled: 2.00x PyTorch's compiled step on an H100 "
                           "(docs/performance/h100/models.md)"),
+    OwnKernelWin(BackendId.CUDA, ("Cudnn",), _channels_last_5x5_stride2,
+                 "depthwise 5x5, stride 2, channels-last (>= 1M outputs)",
+                 "1.74x (float32) and 1.08x (bfloat16) PyTorch (cuDNN) on an H100, effnet-dw5x5-s2-cl and -bf16-cl "
+                 "(backward-data 2.2x-2.7x; docs/performance/h100/depthwise.md)"),
     OwnKernelWin(BackendId.CUDA, ("Cudnn",), _channels_last_large_kernel,
                  "depthwise kernel >= 13x13, stride 1, channels-last (>= 1M outputs)",
                  "4.37x-52.9x PyTorch (cuDNN) on an H100, replk-dw13x13-cl and replk-dw31x31-cl (float32, bfloat16; "

@@ -95,6 +95,9 @@ def test_other_depthwise_goes_to_aten_with_evidence(case):
     (dict(ishape=(64, 480, 14, 14), wshape=(480, 1, 5, 5), padding=2, groups=480), "CudaDepthwise2d"),
     (dict(ishape=(64, 144, 56, 56), wshape=(144, 1, 5, 5), padding=2, stride=2, groups=144), "CudaDepthwise2d"),
     (dict(ishape=(32, 128, 56, 56), wshape=(128, 1, 31, 31), padding=15, groups=128), "CudaDepthwise2d"),
+    # Note [clw phases]: effnet-dw5x5-s2-cl
+    (dict(ishape=(64, 144, 56, 56), wshape=(144, 1, 5, 5), padding=2, stride=2, groups=144, fmt="channels_last"),
+     "Cudnn"),
 ])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_measured_depthwise_families_go_to_portconvs_kernels(case, aten, dtype):
@@ -109,6 +112,18 @@ def test_channels_last_7x7_goes_to_portconvs_kernels_in_float32_only(hw, c):
     bid, why, _, _ = _first(_problem(dtype="float32", **case))
     assert bid == BackendId.CUDA and "OWN_KERNEL_WINS" in why and "ATen would run Cudnn" in why
     assert _first(_problem(dtype="bfloat16", **case))[0] == BackendId.ATEN  # cuDNN's 16-bit NHWC kernels win
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_channels_last_5x5_goes_to_portconvs_kernels_at_stride_2_only(dtype):
+    """Note [clw phases]: effnet-dw5x5-s2-cl wins as a whole (its backward-data by phases); effnet-dw5x5-cl (stride
+    1) and the channels-last 3x3 at stride 2 measured slower and stay with ATen."""
+    s2 = dict(ishape=(64, 144, 56, 56), wshape=(144, 1, 5, 5), padding=2, stride=2, groups=144, fmt="channels_last")
+    assert _first(_problem(dtype=dtype, **s2))[0] == BackendId.CUDA
+    s1 = dict(ishape=(64, 480, 14, 14), wshape=(480, 1, 5, 5), padding=2, groups=480, fmt="channels_last")
+    assert _first(_problem(dtype=dtype, **s1))[0] == BackendId.ATEN
+    tap3 = dict(ishape=(64, 96, 112, 112), wshape=(96, 1, 3, 3), padding=1, stride=2, groups=96, fmt="channels_last")
+    assert _first(_problem(dtype=dtype, **tap3))[0] == BackendId.ATEN
 
 
 def test_compiled_graphs_keep_the_own_ops_only_where_measured_compiled():
