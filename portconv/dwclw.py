@@ -13,9 +13,8 @@ from .problem import ConvView
 
 # Channels-last 2-D filters of 2 to DWC_TAPS_MAX taps an axis (not 3 along the last: the 3-tap kernels take those),
 # multiplier 1, dilation 1, the same stride 1 or 2 on both axes (the stride-2 backward-data by phases, Note [clw
-# phases] in cuda/conv_depthwise_clw.cuh). DWC_CTMAX: channel groups
-# a block at most (PC_DWC_CTMAX, CLW_CTMAX); DWC_SHARED: the staged filters' bytes at most (R1 x R2 x CTMAX x VC
-# values). A block (work-group) is THREADS lanes.
+# phases] in cuda/conv_depthwise_clw.cuh). DWC_CTMAX: channel groups a block at most (PC_DWC_CTMAX, CLW_CTMAX);
+# DWC_SHARED: the staged filters' bytes at most (R1 x R2 x CTMAX x VC values). A block (work-group) is THREADS lanes.
 DWC_TAPS_MAX, DWC_CTMAX, DWC_SHARED = 9, 32, 49152
 DWC_BLOCKS_PER_UNIT = 32  # forward / backward-data blocks a compute unit at most; the kernels' loops take the rest
 # Channels a lane on the tile kernels' vector path (PC_DWT_VC): one 64-bit access of four 16-bit values or two
