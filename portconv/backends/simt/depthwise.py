@@ -213,9 +213,9 @@ class Depthwise:
         if kernel.startswith("clw"):  # Note [depthwise clw]: (spatial tiles, channel tiles)
             ct, blocks, tiles_c = clw_grid(v, direction, self.t.dtype, self.t.units)
             g, phases = DWC_GEOMETRY[self.t.dtype], clw_phases(v, direction)
-            how = f"{g.th}x{clw_vw(v, self.t.dtype)} outputs a lane" + (
-                f", {phases} phases (Note [clw phases])" if phases > 1 else "")
-            self.L.note(f"'{kernel}': {ct} channel group(s) a block, {how} (Note [depthwise clw])")
+            how = f", {phases} phases (Note [clw phases])" if phases > 1 else " (Note [depthwise clw])"
+            self.L.note(f"'{kernel}': {ct} channel group(s) a block, {g.th}x{clw_vw(v, self.t.dtype)} outputs a "
+                        f"lane{how}")
             return "_" + kernel, (blocks, tiles_c, phases), 1
         self._describe(direction, kernel)
         work = depthwise_work(v, direction, kernel, self.vk.cl, self.t.dtype, self.vk.rows_v)
