@@ -228,12 +228,19 @@ def gpu_policy(problem: Problem, ctx, wins: tuple[OwnKernelWin, ...] | None = No
         ((lib, why), (own, f"{why}; OWN_KERNEL_WINS has no row for it"))
 
 
+# Output elements from which the CPU row applies: below it a call is host-bound (PoCL's launches and copies), and
+# ATen's CPU path is the faster. 2-core Xeon, PoCL 3.1, forward + backward of a depthwise 3x3x3 through autograd:
+# 0.42x-0.74x PyTorch at 32-4096 outputs, 0.89x-1.21x at 8K-16K, 1.17x-1.37x at 25K, 1.56x-1.92x at 32K, 3.5x at 2.7M.
+OWN_CPU_MIN_OUTPUTS = 32 * 1024
+
+
 def _depthwise_3d_3tap(problem: Problem) -> bool:
-    """Depthwise 3x3x3, NCDHW-contiguous, stride and dilation 1, not transposed, float32 or float64."""
+    """Depthwise 3x3x3, NCDHW-contiguous, stride and dilation 1, not transposed, float32 or float64, with at least
+    OWN_CPU_MIN_OUTPUTS output elements."""
     p, x = problem.params, problem.input
     return (problem.is_depthwise and not p.transposed and p.rank == 3 and x.is_contiguous()
             and all(k == 3 for k in problem.weight.shape[2:]) and set(p.stride) == {1} and set(p.dilation) == {1}
-            and problem.dtype in ("float32", "float64"))
+            and problem.dtype in ("float32", "float64") and math.prod(problem.output_shape) >= OWN_CPU_MIN_OUTPUTS)
 
 
 # Note [CPU wins]
@@ -242,7 +249,7 @@ def _depthwise_3d_3tap(problem: Problem) -> bool:
 # ATen's choice only for a problem class measured faster per call on a CPU, host copies included, as on the GPU.
 OWN_KERNEL_WINS_CPU: tuple[OwnKernelWin, ...] = (
     OwnKernelWin(BackendId.OPENCL, ("Mkldnn", "Slow3d"), _depthwise_3d_3tap,
-                 "depthwise 3x3x3, stride 1, NCDHW, float32/float64",
+                 "depthwise 3x3x3, stride 1, NCDHW, float32/float64 (>= 32K outputs)",
                  "4.6x-21x PyTorch per direction on dw3d-3x3x3 (2-core Xeon, PoCL; docs/performance/cpu-pocl)"),
 )
 

@@ -230,15 +230,17 @@ def fresh(knob_env):
 
 def test_cpu_default_is_atens_route_unless_a_measured_row_applies(fresh, requested_backends):
     """Note [CPU wins]: dense and 2-D depthwise CPU problems stay on ATen (OpenCL rejected with the reason); 3x3x3
-    depthwise takes the OpenCL kernels, with ATen as the fallback."""
+    depthwise takes the OpenCL kernels from OWN_CPU_MIN_OUTPUTS outputs on, with ATen as the fallback."""
     x, w = torch.randn(2, 4, 8, 8), torch.randn(4, 4, 3, 3)
     pl = portconv.plan(x, w, padding=1)
     assert pl.backend == BackendId.ATEN and "ATen's CPU route" in pl.reason
     assert ("opencl", "not preferred: OWN_KERNEL_WINS_CPU has no row for this problem") in pl.rejected
-    dw3 = torch.randn(1, 8, 6, 10, 10), torch.randn(8, 1, 3, 3, 3)
+    dw3 = torch.randn(2, 8, 8, 16, 16), torch.randn(8, 1, 3, 3, 3)  # 32K outputs
     if "opencl" in requested_backends:
         pl = portconv.plan(*dw3, padding=1, groups=8)
         assert pl.backend == BackendId.OPENCL and "OWN_KERNEL_WINS_CPU" in pl.reason
+    small = torch.randn(1, 8, 6, 10, 10), dw3[1]  # host-bound: ATen's CPU path
+    assert portconv.plan(*small, padding=1, groups=8).backend == BackendId.ATEN
     fresh("PORTCONV_DISABLE", "opencl")
     pl = portconv.plan(*dw3, padding=1, groups=8)
     assert pl.backend == BackendId.ATEN and ("opencl", "disabled by PORTCONV_DISABLE") in pl.rejected
@@ -247,7 +249,7 @@ def test_cpu_default_is_atens_route_unless_a_measured_row_applies(fresh, request
 def test_cpu_policy_rows_follow_atens_route():
     cpu = TorchContext(num_threads=2)
     dw3 = Problem(ConvParams.make(3, padding=1, groups=8, weight_shape=(8, 1, 3, 3, 3)),
-                  TensorSpec((1, 8, 6, 10, 10), dense_strides((1, 8, 6, 10, 10)), "float32", "cpu"),
+                  TensorSpec((2, 8, 8, 16, 16), dense_strides((2, 8, 8, 16, 16)), "float32", "cpu"),
                   TensorSpec((8, 1, 3, 3, 3), dense_strides((8, 1, 3, 3, 3)), "float32", "cpu"), False)
     prefer, passed = cpu_policy(dw3, cpu)
     assert prefer[0][0] == BackendId.OPENCL and prefer[1][0] == BackendId.ATEN and passed == ()
@@ -360,7 +362,7 @@ def test_arguments_equal_in_value_but_not_in_type_do_not_share_an_entry(fresh):
 
 
 def test_cache_follows_knobs_use_backend_and_torch_flags(fresh, monkeypatch, requested_backends):
-    x, w = torch.randn(1, 4, 4, 6, 6), torch.randn(4, 1, 3, 3, 3)  # depthwise 3x3x3: the CPU default is opencl
+    x, w = torch.randn(1, 4, 8, 32, 32), torch.randn(4, 1, 3, 3, 3)  # depthwise 3x3x3, 32K outputs: CPU default opencl
     kw = dict(padding=1, groups=4)
     aten = _count(monkeypatch, AtenRunner)
     fresh("PORTCONV_DISABLE", "opencl")
