@@ -271,7 +271,7 @@ def make_step(call, opt, data: list[tuple], spec: ModelSpec, dtype: str, device,
 # work, unless the device's queue is full and blocks a launch; where their sum comes near the step's time the step is
 # host-bound, and a side's extra host time is its extra step time (PyTorch against convert(): where a host-bound
 # cell's difference lies). On the CPU they are the compute itself. The report takes each phase's median over a side's
-# warm-up and timed steps.
+# timed steps, the steps of its step median (models_run._TimedHost).
 HOST_PHASES = ("forward", "backward", "optimizer")
 
 

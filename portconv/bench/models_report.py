@@ -191,7 +191,7 @@ def markdown(rep: dict) -> str:
     host = host_rows(rep)
     if host:
         lines += ["", "## Host time a step", "",
-                  "Note [host phases]: each phase's median wall time on the host over a side's warm-up and timed "
+                  "Note [host phases]: each phase's median wall time on the host over a side's timed "
                   "steps, with no synchronisation inside a step (on a GPU, the time to enqueue it). `host / step`: "
                   "their sum over the step's median; near 1 (or above: the host works ahead of the device) the step is "
                   "host-bound and `more than PyTorch` is step time.", "",

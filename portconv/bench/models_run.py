@@ -38,12 +38,11 @@ def run_cell(spec: models.ModelSpec, dtype: str, layout: str, mode: str, opts: m
         losses, host[side] = [], []
         members.append((side, models.make_step(call, opt, data, spec, dtype, device, losses, host[side]), losses))
     firsts = loss_phase(cell, members, opts, device, log)
-    for h in host.values():
-        h.clear()  # Note [host phases]: the warm-up and timed steps only
     if opts.loss_f64 and dtype == "float32" and firsts:
         cell["float64_losses"] = float64_losses(base, spec, data, fmt, opts, device, log)
     members = [m for m in members if m[0] in firsts]
-    ms = timing.measure_interleaved(clock, [(m[1], None) for m in members], [None],
+    timed = _TimedHost(clock, host)  # Note [host phases]: the timed steps' phases
+    ms = timing.measure_interleaved(timed, [(m[1], None) for m in members], [None],
                                     turn_runs=models.TURN if len(members) > 1 else None, runs=opts.steps,
                                     warmup=opts.warmup, min_runs=opts.steps, budget_s=None, warmup_s=0.0)
     for (side, _, losses), m in zip(members, ms):
@@ -57,7 +56,7 @@ def run_cell(spec: models.ModelSpec, dtype: str, layout: str, mode: str, opts: m
         res.update(median_ms=m.stats.median, p10_ms=m.stats.p10, p90_ms=m.stats.p90, mean_ms=m.stats.mean,
                    runs=m.stats.runs, first_step_in_process_ms=firsts[side], warmup_steps=m.warmup,
                    steps_taken=len(curve), loss_step=at, loss=curve[at - 1] if at else None, losses=curve,
-                   samples_ms=list(m.samples_ms), timing=m.method, host_ms=host_medians(host[side]))
+                   samples_ms=list(m.samples_ms), timing=m.method, host_ms=host_medians(timed.phases[side]))
         if len(members) > 1:
             res["interleaved_with"] = [s for s, _, _ in members if s != side]
         log(f"  {models.key(cell):<44} {side:<8} median {m.stats.median:9.3f} ms  first "
@@ -101,6 +100,25 @@ def loss_phase(cell: dict, members: list, opts: models.Options, device, log) -> 
             log(f"  {models.key(cell)} {side}: {cell['sides'][side]['error']}")
             firsts.pop(side, None)
     return firsts
+
+
+class _TimedHost:
+    """Note [host phases]: the clock of a cell's timed runs, keeping the host phases of the steps it times (the
+    warm-up and lead-in steps run outside its samples()); ``host``: the side's phase lists each step appends to."""
+
+    def __init__(self, clock, host: dict[str, list]):
+        self.clock, self.host = clock, host
+        self.phases: dict[str, list] = {side: [] for side in host}
+
+    def samples(self, call, args) -> list[float]:
+        before = {side: len(h) for side, h in self.host.items()}
+        out = self.clock.samples(call, args)
+        for side, h in self.host.items():
+            self.phases[side] += h[before[side]:]
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.clock, name)
 
 
 def host_medians(phases: list[tuple]) -> dict[str, float] | None:
