@@ -154,34 +154,38 @@ def depthwise_weight_grid(view: ConvView, kernel: str, cl: bool, dtype: str, uni
 
 class ViewKernels:
     """The depthwise choices of one view and result layout: the kernel per direction, the 'rows' strip width and the
-    'planes' module's shared memory and blocks an SM; ``defines``: what they add to every module of the plan,
-    ``family_defines``: what the 'bands' and 'clw' kernels' modules add (defines_of)."""
+    'planes' module's shared memory and blocks an SM; ``family_defines``: what each family's modules add
+    (defines_of)."""
 
     def __init__(self, view: ConvView, dtype: str, cl: bool, arch: str):
         self.view, self.dtype, self.cl = view, dtype, cl
         self.kernels = depthwise_kernels(view, cl, dtype)
         self.rows_v = dw_v(view, dtype, cl, self.kernels)
-        self.defines: dict[str, int] = {}
-        if self.rows_v != DW_V:  # Note [whole-row strips]: a module build of its own
-            self.defines["PC_DW_V"] = self.rows_v
         self.dwp_blocks = 0
+        planes = {}
         if "planes" in self.kernels.values():  # Note [depthwise planes]: the view's shared memory and blocks an SM
             smem, self.dwp_blocks = dwp_build(view, V.ITEM[dtype], arch)
-            self.defines.update(PC_DWP_BYTES=smem, PC_DWP_MINB=max(1, self.dwp_blocks))
-        # Defines of one family, given to its launches only (the other modules of the plan, the finalize's among
-        # them, do not depend on them). Note [depthwise bands]: shared memory, filter-row steps and rows a thread,
-        # sized for the directions that run 'bands'; Note [depthwise clw]: the filter and the dtype's geometry.
+            planes = {"PC_DWP_BYTES": smem, "PC_DWP_MINB": max(1, self.dwp_blocks)}
+        # Defines of one family, given to its launches only: the plan's other modules (the finalize's among them)
+        # do not read them, so they build once for every view (Note [compile ahead]). Note [whole-row strips]: the
+        # 'rows' strip width where it is not the default; Note [depthwise planes]; Note [depthwise bands]: shared
+        # memory, filter-row steps and rows a thread, sized for the directions that run 'bands'; Note [depthwise
+        # clw]: the filter and the dtype's geometry.
         ks = tuple(self.kernels[d] for d in DIRECTIONS)
         bands = tuple(k if k.startswith("bands") else "" for k in ks)
         clw = {**clw_defines(view, dtype), "MINB": DWC_GEOMETRY[dtype].minb} if any(k.startswith("clw") for k in ks) \
             else {}
         self.family_defines: dict[str, dict[str, int]] = {
+            "rows": {} if self.rows_v == DW_V else {"PC_DW_V": self.rows_v},
+            "planes": planes,
             "bands": {"PC_DWB_" + k: v for k, v in dwb_defines(view, dtype, bands).items()},
             "clw": {"PC_DWC_" + k: v for k, v in clw.items()}}
 
     def defines_of(self, kernel: str) -> dict[str, int] | None:
-        """The family defines of a kernel suffix ('bands_s1', 'clw_s2', ...), None for the other families."""
-        return self.family_defines.get(kernel.lstrip("_").split("_")[0])
+        """The family defines of a kernel suffix ('rows3s2', 'bands_s1', 'clw_s2', ...), None for the families
+        without defines of their own."""
+        name = kernel.lstrip("_")
+        return next((d for f, d in self.family_defines.items() if name.startswith(f)), None)
 
 
 class Depthwise:

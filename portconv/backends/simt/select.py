@@ -150,7 +150,6 @@ def target(problem: Problem, device: DeviceInfo, options: Options, choice, layou
     vk = None
     if choice.algorithm == "depthwise":
         vk = ViewKernels(view, problem.dtype, cl, device.arch)
-        defines.update(vk.defines)
     t = Target(entries, choice.algorithm, problem.dtype, device.compute_units or 132, device.arch, cl, big,
                tuple(defines.items()), waits)
     return t, view, vk

@@ -110,7 +110,7 @@ def splits_for(blocks: int, total: int, min_chunk: int, units: int, count: int, 
 @dataclasses.dataclass(frozen=True)
 class Target:
     """What a build knows besides the problem: the kernel set's entry files, the device's units and arch, the
-    base defines of every module (dtype, index width, the depthwise module's), and the plan's family."""
+    base defines of every module (dtype, index width), and the plan's family."""
 
     entries: dict  # family -> entry file ('direct' -> 'direct.cu' or 'direct.hip')
     algorithm: str
