@@ -62,6 +62,16 @@ def _count(name: str, v: str) -> int:
     return n
 
 
+def _threads(name: str, v: str) -> int:
+    try:
+        n = int(v.strip())
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ValueError(f"{name}={v!r}: expected a whole number >= 0")
+    return n
+
+
 def _default_cache() -> str:
     return os.path.join(os.path.expanduser("~"), ".cache", "portconv")
 
@@ -91,6 +101,9 @@ KNOBS: tuple[Knob, ...] = (
          "folder of compiled kernels and tuning results (default ~/.cache/portconv)"),
     Knob("PORTCONV_PLAN_CACHE", "plan_cache", _count,
          "plans (and fast-path entries) kept per process, least recently used first out (default 4096)"),
+    Knob("PORTCONV_COMPILE_THREADS", "compile_threads", _threads,
+         "threads that compile a plan's CUDA/HIP kernels ahead of its first calls (default: up to 8, one per CPU); "
+         "0: each kernel compiles when first launched (Note [compile ahead])"),
     Knob("PORTCONV_TUNE", "tune", _flag, "1: time the candidate backends once per problem and keep the fastest"),
     Knob("PORTCONV_CUDA_PDL", "cuda_pdl", _flag,
          "0: launch split finalizes the ordinary way, not as dependent launches (Note [dependent launch])"),
@@ -127,6 +140,7 @@ class Env(_HashedOnce):
     poison: bool = False
     cache_dir: str = dataclasses.field(default_factory=_default_cache)
     plan_cache: int = 4096
+    compile_threads: int | None = None  # None: compile.ahead_threads() picks
     tune: bool = False
     cuda_pdl: bool = True
 

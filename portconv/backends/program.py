@@ -126,6 +126,10 @@ class Loader(Protocol):
 
     def load(self, program: Program, anchor) -> Callable[[dict], tuple]: ...
 
+    def prefetch(self, program: Program, anchor) -> None:
+        """Start making the program's kernels ready for the device of ``anchor`` (Note [compile ahead]); loaders
+        whose kernels need no compile ahead do nothing."""
+
 
 Builder = Callable[[str, tuple, tuple], tuple[KernelPlan, ...]]  # (call, mask or (), layouts) -> KernelPlans
 
@@ -142,12 +146,20 @@ def _plain(t):
 
 
 class ProgramRunner:
-    """Runs a plan's calls: one executable per (call, mask, operand layouts), built on its first call."""
+    """Runs a plan's calls: one executable per (call, mask, operand layouts), built on its first call. ``ahead``:
+    the plan's KernelPlans, whose kernels the first call hands to loader.prefetch (Note [compile ahead])."""
 
-    def __init__(self, build: Builder, loader: Loader):
+    def __init__(self, build: Builder, loader: Loader, ahead: tuple[KernelPlan, ...] = ()):
         self.build, self.loader = build, loader
+        self._ahead = Program.of(ahead, ()) if ahead else None
         self._forward: dict[tuple, Callable] = {}
         self._backward: dict[tuple, Callable] = {}
+
+    def _load(self, program: Program, anchor) -> Callable:
+        if self._ahead is not None:
+            ahead, self._ahead = self._ahead, None
+            self.loader.prefetch(ahead, anchor)
+        return self.loader.load(program, anchor)
 
     def forward(self, input, weight, bias):
         input, weight, bias = _plain(input), _plain(weight), _plain(bias)
@@ -160,7 +172,7 @@ class ProgramRunner:
             lay = self.loader.layout
             layouts = (lay(input), lay(weight), lay(bias))
             prog = Program.of(self.build("forward", (), layouts), ("output",))
-            run = self._forward[key] = self.loader.load(prog, input)
+            run = self._forward[key] = self._load(prog, input)
         return run({"input": input, "weight": weight, "bias": bias})[0]
 
     def backward(self, grad_output, input, weight, mask):
@@ -174,7 +186,7 @@ class ProgramRunner:
             lay = self.loader.layout
             layouts = (lay(grad_output), lay(input), lay(weight))
             prog = Program.of(self.build("backward", mask, layouts), backward_outputs(mask))
-            run = self._backward[key] = self.loader.load(prog, input)
+            run = self._backward[key] = self._load(prog, input)
         return run({"grad_output": grad_output, "input": input, "weight": weight})
 
 

@@ -65,7 +65,8 @@ class SimtBackend(Backend):
             return select.build(problem, device, options, choice, entries, call, mask, layouts,
                                 self.dependent_waits)
 
-        return implied_plans(problem, choice, build), ProgramRunner(build, self.loader(problem))
+        kernels = implied_plans(problem, choice, build)
+        return kernels, ProgramRunner(build, self.loader(problem), ahead=kernels)
 
 
 def implied_plans(problem: Problem, choice: Choice, build) -> tuple[KernelPlan, ...]:

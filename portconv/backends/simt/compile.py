@@ -1,13 +1,16 @@
 """Kernel sources inlined, compiled at run time (NVRTC; hiprtc in hip.py) and cached in memory and on disk."""
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import hashlib
+import os
 import pathlib
 import re
 import sys
 import threading
 import time
+from typing import ClassVar
 
 from ... import diskcache, forks, knobs, sources
 from ...errors import VendorImportError
@@ -87,7 +90,8 @@ def inline_source(entry: str, folders: list[pathlib.Path], overrides: dict[str, 
 
 @dataclasses.dataclass(frozen=True)
 class CompileEvent:
-    """One module made ready for a device: compiled now ('nvrtc'/'hiprtc') or read back ('disk')."""
+    """One module made ready for a device: compiled ('nvrtc'/'hiprtc') or read back ('disk'); ``seconds``: what
+    the launching thread spent on it (waiting for a compile ahead, or compiling, and loading)."""
 
     entry: str
     defines: tuple[tuple[str, str], ...]
@@ -103,6 +107,51 @@ _events: list[CompileEvent] = []
 def compile_events() -> list[CompileEvent]:
     """Every module load so far in this process (the CLI's ``--time`` prints the first call's compile time)."""
     return list(_events)
+
+
+# Note [compile ahead]
+# A plan knows every kernel its calls will launch (its KernelPlans: forward, and the backward of the layouts the
+# problem implies). At its first call, ProgramRunner hands all of them to the kernel set (prefetch), which makes the
+# binaries of those not yet loaded (compiled, or read from the disk cache) on a pool of worker threads: NVRTC and
+# hiprtc release the GIL, so the backward's modules build while the forward runs and later layers plan, and a model's
+# first step waits for the slowest chain of compiles, not their sum. Workers only make bytes; loading them
+# (cuModuleLoad, on the caller's device) stays with the thread that launches, in _load. There a module whose compile
+# has started is taken from its future (a compile error raises there, as it would have inline); one still queued
+# (behind other plans' modules) is taken off the queue and made by the caller, which never waits for the queue.
+# Modules that are never launched (a backward that runs on other layouts) cost a compile and nothing else.
+# PORTCONV_COMPILE_THREADS=0 turns this off; a forked child starts with no pool and nothing pending (the parent's
+# workers do not exist there).
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def ahead_threads() -> int:
+    """The compile-ahead pool's size: PORTCONV_COMPILE_THREADS, else one thread per CPU up to 8."""
+    n = knobs.env().compile_threads
+    return min(8, os.cpu_count() or 1) if n is None else n
+
+
+def _submit(fn, *args) -> concurrent.futures.Future | None:
+    global _pool
+    n = ahead_threads()
+    if n == 0:
+        return None
+    with _pool_lock:
+        if _pool is None or _pool._max_workers != n:  # first use, or the knob changed (knobs.reload)
+            old, _pool = _pool, concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="portconv-compile")
+            if old is not None:
+                old.shutdown(wait=False)
+        return _pool.submit(fn, *args)
+
+
+def _after_fork() -> None:
+    global _pool
+    _pool = None
+    for ks in KernelSet.instances:
+        ks._ahead.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 class KernelSet:
@@ -121,8 +170,12 @@ class KernelSet:
         self.options = options
         self.pip_hint = pip_hint
         self._modules: dict[tuple, object] = {}
+        self._ahead: dict[tuple, concurrent.futures.Future] = {}  # Note [compile ahead]: binaries being made
         self._texts: dict[str, str] = {}
         self._lock = threading.Lock()
+        KernelSet.instances.append(self)
+
+    instances: ClassVar[list] = []  # every kernel set made: a forked child drops their pending compiles
 
     # the parts a vendor overrides ------------------------------------------------------------------------------
     def compiler_version(self) -> str:
@@ -172,6 +225,20 @@ class KernelSet:
                     mod = self._modules[key] = self._load(module, device)
         return mod
 
+    def prefetch(self, modules, device: int) -> None:
+        """Start making the binaries of ``modules`` for ``device`` on the pool (Note [compile ahead])."""
+        arch = None
+        with self._lock:
+            for module in dict.fromkeys(modules):
+                key = (module, device)
+                if key in self._modules or key in self._ahead:
+                    continue
+                arch = arch or self.arch_options(device)
+                fut = _submit(self._binary, module, arch)
+                if fut is None:
+                    return
+                self._ahead[key] = fut
+
     def function(self, module: Module, device: int, name: str):
         return self.module(module, device).get_function(name)
 
@@ -180,10 +247,9 @@ class KernelSet:
         where = diskcache.folder(pathlib.Path(knobs.env().cache_dir) / self.vendor)
         return None if where is None else where / f"{key}.bin"
 
-    def _load(self, module: Module, device: int):
-        cupy = import_cupy(self.pip_hint)
-        t0 = time.perf_counter()
-        arch, arch_opts, kind = self.arch_options(device)
+    def _binary(self, module: Module, arch_options: tuple[str, tuple[str, ...], str]) -> tuple[bytes, str]:
+        """(the module's binary, 'disk' or the compiler's name): read from the disk cache, else built and kept."""
+        arch, arch_opts, kind = arch_options
         options = tuple(self.options) + arch_opts + tuple(f"-D{k}={v}" for k, v in module.compile_defines())
         text = self.text(module.source)
         h = hashlib.sha256()
@@ -191,15 +257,31 @@ class KernelSet:
             h.update(part.encode())
             h.update(b"\0")
         path = self.cache_path(h.hexdigest()[:32])
-        binary, how = None if path is None else diskcache.read(path), "disk"
-        if binary is None:
-            binary, how = self.build(text, module.source, options, kind), self.compiler
-            if path is not None:
-                diskcache.write(path, binary)
+        binary = None if path is None else diskcache.read(path)
+        if binary is not None:
+            return binary, "disk"
+        binary = self.build(text, module.source, options, kind)
+        if path is not None:
+            diskcache.write(path, binary)
+        return binary, self.compiler
+
+    def _take(self, module: Module, device: int, arch) -> tuple[bytes, str]:
+        """_binary's result for a module about to load: from a compile ahead that has started, else made here
+        (Note [compile ahead])."""
+        pending = self._ahead.pop((module, device), None)
+        if pending is not None and not pending.cancel():
+            return pending.result()
+        return self._binary(module, arch)
+
+    def _load(self, module: Module, device: int):
+        cupy = import_cupy(self.pip_hint)
+        t0 = time.perf_counter()
+        arch = self.arch_options(device)
+        binary, how = self._take(module, device, arch)
         with cupy.cuda.Device(device):
             mod = cupy.cuda.function.Module()
             mod.load(binary)
         seconds = time.perf_counter() - t0
-        _events.append(CompileEvent(module.source, module.compile_defines(), arch, how, seconds, device))
+        _events.append(CompileEvent(module.source, module.compile_defines(), arch[0], how, seconds, device))
         return mod
 

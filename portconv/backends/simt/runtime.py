@@ -255,6 +255,9 @@ class Loader:
         return lambda: get(device).ptr
 
     # --- launches --------------------------------------------------------------------------------------------
+    def prefetch(self, program: Program, anchor) -> None:
+        self.kernels.prefetch([x.module for x in program.launches], self._device(anchor))
+
     def load(self, program: Program, anchor) -> Executable:
         FORK.check("CUDA/HIP kernels")  # Note [fork]: a plan made before the fork reads the device here
         device = self._device(anchor)
