@@ -119,18 +119,30 @@ PC_DEVICE bool pc_dwt_vec_ok(const pc_conv_args &a) {
     return a.x % align == 0 && a.y % align == 0;
 }
 
+/* Note [rows by plan]: how a 2-D NCHW kernel in a 16-bit type reads its rows is the plan's choice, PC_DWT_N16 from
+ * the launch's view and operand layouts (simt/depthwise.py n16_rows, which states each path's conditions): 4 quad
+ * rows (Note [quad rows], stride 1), 1 or 2 packed pairs with an even or odd P2 (Note [packed rows]), 0 one element
+ * an access (any layout). A module compiles that one path: with all of them behind run-time tests, NVRTC took 4-7x
+ * as long over the bfloat16 tilen kernels (0.88 s against 0.12 s for the quad forward on a Xeon). */
+#ifndef PC_DWT_N16
+#define PC_DWT_N16 0
+#endif
+/* The launch bounds of the stride-1 2-D NCHW tile kernels: 3 resident blocks an SM asked of ptxas for the quad
+ * rows, which compiled alone took 88 registers (2 blocks of 256 threads an SM) where the module of every path took
+ * 80 (3 blocks); H100, mbv2-dw3x3-bf16 forward 0.0356 ms at 88 against 0.0297 at 80. Other paths keep the plain
+ * bound (an explicit minimum of 1 block changes ptxas's register choice). */
+#if PC_DWT_N16 == 4
+#define PC_DWT_NBOUNDS PC_LAUNCH_BOUNDS_MIN(256, 3)
+#else
+#define PC_DWT_NBOUNDS PC_LAUNCH_BOUNDS(256)
+#endif
+
 /* Note [packed rows]: 2-D NCHW in a 16-bit type loads and stores its rows as aligned 32-bit pairs (two elements
  * per access) instead of one element per access: the last axis is unit-stride on both sides, every other stride
  * of X, Y and dY is even and the bases are 4-byte aligned, so the pair (2k, 2k + 1) of any row is one aligned
  * access. A window row starts at b2 = d2s * S - P2 (d2s a multiple of the even VW), so its parity is P2's: uniform
  * over the launch and a template argument (PK = 1 even, 2 odd). Pairs that cross the row's ends load element-wise.
  * (H100, mbv2-dw3x3-bf16 forward: 1.15x over one element an access; docs/kernels/depthwise.md.) */
-PC_DEVICE bool pc_dwt_pk_ok(const pc_conv_args &a) {
-    bool ok = sizeof(pc_t) == 2 && a.xs[4] == 1 && a.ys[4] == 1 && a.x % 4 == 0 && a.y % 4 == 0;
-    for (int i = 0; i < 4; ++i) ok = ok && a.xs[i] % 2 == 0 && a.ys[i] % 2 == 0;
-    return ok;
-}
-
 /* Note [row lookahead]: the rolling window loads the source rows of tile row t just before its FMAs use them, so
  * each row's loads wait out a full memory latency (ncu on the bf16 NCHW forward: half the stall cycles were L1TEX
  * scoreboard waits at 40% occupancy). Here the S new rows of tile row t + 1 are loaded into S extra window rows
@@ -540,13 +552,6 @@ PC_DEVICE void pc_dwt_conv(const pc_conv_args &a, void *pool) {
 #define PC_DWT_QD 4 /* raw source rows in flight ahead of the one multiplied (all TH + 2: 102 registers, slower) */
 #endif
 
-PC_DEVICE bool pc_dwt_q4_ok(const pc_conv_args &a) {
-    bool ok = sizeof(pc_t) == 2 && a.K == a.C && a.P[2] == 1 && a.X[2] % 4 == 0 && a.Y[2] == a.X[2];
-    ok = ok && a.R[0] == 1 && a.S[0] == 1 && a.P[0] == 0 && a.xs[4] == 1 && a.ys[4] == 1;
-    for (int i = 0; i < 4; ++i) ok = ok && a.xs[i] % 4 == 0 && a.ys[i] % 4 == 0;
-    return ok && a.x % 8 == 0 && a.y % 8 == 0;
-}
-
 template <bool BWD>
 PC_DEVICE void pc_dwt_conv_q4(const pc_conv_args &a) {
     constexpr int TH = PC_DWT_THN16, NR = TH + 2, QD = PC_DWT_QD < NR ? PC_DWT_QD : NR;
@@ -681,17 +686,23 @@ PC_DEVICE void pc_dwt_conv_any(const pc_conv_args &a) {
     constexpr int B0 = pc_dwt_ring_bytes<S, VC, VW, 0>(RV), B1 = pc_dwt_ring_bytes<S, 1, VW, 2>(RP);
     constexpr int B = B0 > B1 ? B0 : B1;
     PC_SHARED pc_vec<unsigned, 4> pool[B > 0 ? B / 16 : 1];
-    if (!CLV && !ONE0 && S == 1 && a.R[0] <= 3 && a.S[0] == 1 && a.DL[0] == 1) /* Note [depth taps inner] */
-        pc_dwt_conv3i<S, BWD, VW, TH, PC_DWT_DZ>(a);
-    else if (CLV && VC > 1 && pc_dwt_vec_ok<VC>(a))
-        pc_dwt_conv<S, BWD, (CLV ? VC : 1), ONE0, VW, TH, PF, 0, RV>(a, pool);
-    else if (N16 && S == 1 && pc_dwt_q4_ok(a)) /* Note [quad rows] */
+    if constexpr (!CLV && !ONE0) {
+        if (S == 1 && a.R[0] <= 3 && a.S[0] == 1 && a.DL[0] == 1) /* Note [depth taps inner] */
+            pc_dwt_conv3i<S, BWD, VW, TH, PC_DWT_DZ>(a);
+        else
+            pc_dwt_conv<S, BWD, 1, ONE0, VW, TH, PF>(a, pool);
+    } else if constexpr (CLV && VC > 1) {
+        if (pc_dwt_vec_ok<VC>(a))
+            pc_dwt_conv<S, BWD, VC, ONE0, VW, TH, PF, 0, RV>(a, pool);
+        else
+            pc_dwt_conv<S, BWD, 1, ONE0, VW, TH, PF>(a, pool);
+    } else if constexpr (N16 && S == 1 && PC_DWT_N16 == 4) { /* Note [quad rows] */
         pc_dwt_conv_q4<BWD>(a);
-    else if (N16 && VW % 2 == 0 && pc_dwt_pk_ok(a)) /* b2's parity is P2's (stride-1 bwd: 2 - P2) */
-        (a.P[2] & 1) ? pc_dwt_conv<S, BWD, 1, ONE0, VW, TH, PF, 2, RP>(a, pool)
-                     : pc_dwt_conv<S, BWD, 1, ONE0, VW, TH, PF, 1, RP>(a, pool);
-    else
+    } else if constexpr (N16 && VW % 2 == 0 && (PC_DWT_N16 == 1 || PC_DWT_N16 == 2)) { /* Note [packed rows] */
+        pc_dwt_conv<S, BWD, 1, ONE0, VW, TH, PF, PC_DWT_N16, RP>(a, pool);
+    } else {
         pc_dwt_conv<S, BWD, 1, ONE0, VW, TH, PF>(a, pool);
+    }
 }
 
 /* Weight gradient, channels-last, R0C x 3 x 3 filters (R0C = 1 or 3, dilation 1 on axis 0 when 3), in-plane
@@ -920,7 +931,7 @@ PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_fwd_tile_s1(const pc_con
 }
 #endif
 #if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_fwd_tilen_s1)
-PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_fwd_tilen_s1(const pc_conv_args a) {
+PC_KERNEL void PC_DWT_NBOUNDS portconv_depthwise_fwd_tilen_s1(const pc_conv_args a) {
     pc_dwt_conv_any<1, false, true, false>(a);
 }
 #endif
@@ -960,7 +971,7 @@ PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_data_tile_s1(const p
 }
 #endif
 #if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_bwd_data_tilen_s1)
-PC_KERNEL void PC_LAUNCH_BOUNDS(256) portconv_depthwise_bwd_data_tilen_s1(const pc_conv_args a) {
+PC_KERNEL void PC_DWT_NBOUNDS portconv_depthwise_bwd_data_tilen_s1(const pc_conv_args a) {
     pc_dwt_conv_any<1, true, true, false>(a);
 }
 #endif

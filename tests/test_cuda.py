@@ -330,7 +330,7 @@ PLAN_TABLE = [  # (name, problem, tf32, options, {result: [(kernel, grid, splits
       "grad_input": [("portconv_depthwise_bwd_data_tilen_s1", (1764, 1, 1), 1)],
       "grad_weight": [("portconv_depthwise_bwd_weight_rows2d_s1", (144, 14, 1), 14),
                       ("portconv_split_finalize", (6, 1, 1), 14)]},
-     {"output": {}, "grad_weight": {"PC_DW_V": "16"}}, {}),  # a family's defines go to its modules only
+     {"output": {"PC_DWT_N16": "4"}, "grad_input": {"PC_DWT_N16": "4"}, "grad_weight": {"PC_DW_V": "16"}}, {}),
     ("mbv2-dw3x3-bf16 channels-last",
      _problem((32, 144, 56, 56), (144, 1, 3, 3), "bfloat16", "channels_last", padding=1, groups=144), False, Options(),
      {"output": [("portconv_depthwise_fwd_tile_s1", (504, 1, 1), 1)],
@@ -384,6 +384,32 @@ def test_kernel_plan_table(name, problem, tf32, options, launches, defines, stag
         assert all(len(line) <= WIDTH - 13 for line in k.lines()), k.lines()
         assert k.summary.startswith(c.algorithm + ": ")
         assert all(x.dependent == (x.kernel == "portconv_split_finalize") for x in k.launches)
+
+
+N16_TABLE = [
+    # (padding, stride, input strides or None for dense, input misalign in bytes, PC_DWT_N16 of the forward)
+    (1, 1, None, 0, 4),  # Note [quad rows]: P2 1, rows of 56, strides multiples of 4, aligned
+    (1, 1, None, 4, 2),  # 4-byte aligned only: pairs (P2 odd)
+    (2, 1, None, 0, 1),  # P2 2: pairs, P2 even
+    (1, 2, None, 0, 2),  # stride 2 never takes quads: pairs (P2 odd)
+    (0, 2, None, 0, 0),  # 27 output columns: dY rows odd, one element an access
+    (1, 1, None, 2, 0),  # a 2-byte-misaligned input: one element an access
+    (1, 1, (144 * 56 * 58, 56 * 58, 58, 1), 0, 2),  # rows 58 apart (even, not a multiple of 4): pairs
+    (1, 1, (144 * 56 * 57, 56 * 57, 57, 1), 0, 0),  # rows 57 apart (odd): one element an access
+]
+
+
+@pytest.mark.parametrize("padding,stride,strides,misalign,want", N16_TABLE)
+def test_16bit_nchw_rows_are_the_plans_choice(padding, stride, strides, misalign, want):
+    """Note [rows by plan]: a 16-bit 2-D NCHW tile launch's module names the one row path its layouts allow."""
+    pr = _problem((32, 144, 56, 56), (144, 1, 3, 3), "bfloat16", padding=padding, stride=stride, groups=144)
+    x = Layout(pr.input.shape, strides or pr.input.strides, misalign)
+    (k,) = select.build(pr, H100, Options(), choose(pr), select.ENTRY, "forward", (),
+                        (x, Layout(pr.weight.shape, pr.weight.strides), None))
+    (launch,) = k.launches
+    assert launch.kernel == f"portconv_depthwise_fwd_tilen_s{stride}"
+    assert dict(launch.module.defines)["PC_DWT_N16"] == str(want)
+    assert any("Note [rows by plan]" in line for line in k.decisions)
 
 
 def test_plans_depend_on_the_operands_layouts():

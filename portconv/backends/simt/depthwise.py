@@ -121,6 +121,30 @@ def depthwise_work(view: ConvView, direction: str, kernel: str, cl: bool, dtype:
     return view.N * ext[0] * ext[1] * -(-ext[2] // rows_v) * ch
 
 
+N16_PATHS = {4: "as quads (Note [quad rows])", 1: "as pairs, P2 even (Note [packed rows])",
+             2: "as pairs, P2 odd (Note [packed rows])", 0: "one element an access"}
+
+
+def n16_rows(view: ConvView, x: Operand, y: Operand, stride: int) -> int:
+    """Note [rows by plan] (cuda/conv_depthwise_tile.cuh): PC_DWT_N16 of a 16-bit 2-D NCHW tile launch (the 'tilen'
+    kernels at in-plane stride 1 or 2) whose argument block binds ``x`` and ``y``: 4 (Note [quad rows]) where the
+    window starts a column left of the strip (P2 1), the rows are a multiple of 4 and as long on both sides, and
+    every stride but the unit last one is a multiple of 4 with 8-byte-aligned bases; else 1 or 2 (Note [packed
+    rows]; P2 even or odd) where the last axis is unit-stride, every other stride even and the bases 4-byte
+    aligned; else 0 (one element an access)."""
+    xs, ys = V.strides5(x), V.strides5(y)
+    unit = xs[4] == 1 and ys[4] == 1
+    if (stride == 1 and unit and view.K == view.C and view.P[2] == 1 and view.X[2] % 4 == 0
+            and view.Y[2] == view.X[2] and view.R[0] == 1 and view.S[0] == 1 and view.P[0] == 0
+            and all(s % 4 == 0 for s in xs[:4] + ys[:4]) and x.layout.misalign % 8 == 0
+            and y.layout.misalign % 8 == 0):
+        return 4
+    if (unit and all(s % 2 == 0 for s in xs[:4] + ys[:4]) and x.layout.misalign % 4 == 0
+            and y.layout.misalign % 4 == 0):
+        return 2 if view.P[2] % 2 else 1
+    return 0
+
+
 def depthwise_weight_grid(view: ConvView, kernel: str, cl: bool, dtype: str, units: int,
                           rows_v: int) -> tuple[tuple, int, int]:
     """(grid, splits, chunk) of a depthwise 'rows*d' (strips of ``rows_v``) or 'tile*d' weight-gradient kernel
@@ -241,14 +265,23 @@ class Depthwise:
         else:
             self.L.note(f"per-element weight gradient, {DW_TAPS} taps a block")
 
+    def _defines(self, suffix: str, x: Operand, y: Operand) -> dict[str, int] | None:
+        """The module defines of a fwd or bwd_data launch binding ``x`` and ``y``: its family's, and the 16-bit 2-D
+        NCHW tile kernels' row path (Note [rows by plan])."""
+        if self.t.item == 2 and suffix in ("_tilen_s1", "_tilen_s2"):
+            n16 = n16_rows(self.v, x, y, int(suffix[-1]))
+            self.L.note(f"rows read {N16_PATHS[n16]} (Note [rows by plan])")
+            return {"PC_DWT_N16": n16}
+        return self.vk.defines_of(suffix)
+
     def fwd(self, x: Operand, w: Operand, y: Operand, bias: Operand | None) -> None:
         suffix, grid, chunk = self._spatial("fwd", x, y)
-        self.L.launch("portconv_depthwise_fwd" + suffix, grid, self.vk.defines_of(suffix), x=x, w=w, y=y, b=bias,
+        self.L.launch("portconv_depthwise_fwd" + suffix, grid, self._defines(suffix, x, y), x=x, w=w, y=y, b=bias,
                       xs=V.strides5(x), wst=V.strides5(w), ys=V.strides5(y), bs=V.bias_stride(bias), chunk=chunk)
 
     def bwd_data(self, dx: Operand, w: Operand, dy: Operand, bias: Operand | None) -> None:
         suffix, grid, chunk = self._spatial("bwd_data", dy, dx)
-        self.L.launch("portconv_depthwise_bwd_data" + suffix, grid, self.vk.defines_of(suffix), x=dx, w=w, y=dy,
+        self.L.launch("portconv_depthwise_bwd_data" + suffix, grid, self._defines(suffix, dx, dy), x=dx, w=w, y=dy,
                       b=bias, xs=V.strides5(dx), wst=V.strides5(w), ys=V.strides5(dy), bs=V.bias_stride(bias),
                       chunk=chunk)
 
