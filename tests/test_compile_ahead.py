@@ -3,6 +3,10 @@ compiler is a Python function), _binary takes them from the disk cache, and Prog
 its loader once, before its first load."""
 from __future__ import annotations
 
+import os
+import pathlib
+import subprocess
+import sys
 import threading
 import time
 
@@ -97,6 +101,33 @@ def test_a_module_still_queued_is_made_by_the_thread_that_needs_it(knob_env, tmp
     assert how == "nvrtc" and ks.built == [(ks.built[0][0], "MainThread")] and (m1, 0) not in ks._ahead
     ks.release.set()
     assert ks._take(m0, 0, ARCH)[1] == "nvrtc" and ks.built[1][1].startswith("portconv-compile")
+
+
+_SLOW_EXIT = """
+import sys, time
+sys.path[:0] = [{tests!r}]
+from test_compile_ahead import FakeSet, _module
+from portconv import knobs
+ks = FakeSet()
+ks.build = lambda *args: time.sleep(60) or b"never"
+ks.prefetch([_module(str(i)) for i in range(4)], 0)
+for _ in range(200):
+    if sum(f.running() for f in ks._ahead.values()) == 2:
+        break
+    time.sleep(0.05)
+print("started", sum(f.running() for f in ks._ahead.values()), flush=True)
+"""
+
+
+def test_a_process_ends_without_waiting_for_compiles_ahead(tmp_path):
+    """Note [compile ahead]: the workers are daemon threads, so a script that ends while modules it never launched
+    still compile exits at once (here: compiles of a minute each, two running, two queued)."""
+    env = dict(os.environ, PORTCONV_CACHE_DIR=str(tmp_path), PORTCONV_COMPILE_THREADS="2")
+    code = _SLOW_EXIT.format(tests=str(pathlib.Path(__file__).parent))
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=50)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["started", "2"] and time.perf_counter() - t0 < 30
 
 
 def test_compile_threads_knob_is_validated(knob_env):

@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import os
 import pathlib
+import queue
 import re
 import sys
 import threading
@@ -119,9 +120,40 @@ def compile_events() -> list[CompileEvent]:
 # has started is taken from its future (a compile error raises there, as it would have inline); one still queued
 # (behind other plans' modules) is taken off the queue and made by the caller, which never waits for the queue.
 # Modules that are never launched (a backward that runs on other layouts) cost a compile and nothing else.
-# PORTCONV_COMPILE_THREADS=0 turns this off; a forked child starts with no pool and nothing pending (the parent's
-# workers do not exist there).
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
+# The workers are daemon threads: a process that ends does not wait for compiles it may never use (what it does
+# launch, it took or made in _load). PORTCONV_COMPILE_THREADS=0 turns this off; a forked child starts with no pool
+# and nothing pending (the parent's workers do not exist there).
+class _Workers:
+    """``size`` daemon threads running submitted calls in order, each with a concurrent.futures.Future (cancelled
+    while queued: skipped)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        for i in range(size):
+            threading.Thread(target=self._run, name=f"portconv-compile-{i}", daemon=True).start()
+
+    def submit(self, fn, *args) -> concurrent.futures.Future:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._queue.put((fut, fn, args))
+        return fut
+
+    def close(self) -> None:
+        """The threads end once the calls queued before this have run."""
+        for _ in range(self.size):
+            self._queue.put(None)
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            fut, fn, args = item
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn(*args))
+                except BaseException as e:  # raised where the module is needed (_take)
+                    fut.set_exception(e)
+
+
+_pool: _Workers | None = None
 _pool_lock = threading.Lock()
 
 
@@ -137,10 +169,10 @@ def _submit(fn, *args) -> concurrent.futures.Future | None:
     if n == 0:
         return None
     with _pool_lock:
-        if _pool is None or _pool._max_workers != n:  # first use, or the knob changed (knobs.reload)
-            old, _pool = _pool, concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="portconv-compile")
-            if old is not None:
-                old.shutdown(wait=False)
+        if _pool is None or _pool.size != n:  # first use, or the knob changed (knobs.reload)
+            if _pool is not None:
+                _pool.close()
+            _pool = _Workers(n)
         return _pool.submit(fn, *args)
 
 
