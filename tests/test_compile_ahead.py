@@ -130,6 +130,17 @@ def test_a_process_ends_without_waiting_for_compiles_ahead(tmp_path):
     assert r.stdout.split() == ["started", "2"] and time.perf_counter() - t0 < 30
 
 
+def test_hiprtc_on_amd_compiles_inline():
+    """Note [compile ahead]: concurrent hiprtc compiles never ran here (no AMD GPU), so the AMD HIP set starts none;
+    HIP-on-NVIDIA compiles with NVRTC and does."""
+    from portconv.backends.simt.hip import HipKernelSet
+
+    assert HipKernelSet("amd").ahead is False and HipKernelSet("nvidia").ahead is True
+    amd = HipKernelSet("amd")
+    amd.prefetch([_module("0")], 0)  # returns before asking the device anything
+    assert amd._ahead == {}
+
+
 def test_compile_threads_knob_is_validated(knob_env):
     with pytest.raises(ValueError, match="PORTCONV_COMPILE_THREADS"):
         knob_env("PORTCONV_COMPILE_THREADS", "-1")

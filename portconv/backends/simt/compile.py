@@ -113,13 +113,14 @@ def compile_events() -> list[CompileEvent]:
 # Note [compile ahead]
 # A plan knows every kernel its calls will launch (its KernelPlans: forward, and the backward of the layouts the
 # problem implies). At its first call, ProgramRunner hands all of them to the kernel set (prefetch), which makes the
-# binaries of those not yet loaded (compiled, or read from the disk cache) on a pool of worker threads: NVRTC and
-# hiprtc release the GIL, so the backward's modules build while the forward runs and later layers plan, and a model's
-# first step waits for the slowest chain of compiles, not their sum. Workers only make bytes; loading them
+# binaries of those not yet loaded (compiled, or read from the disk cache) on a pool of worker threads: NVRTC releases
+# the GIL, so the backward's modules build while the forward runs and later layers plan, and a model's first step
+# waits for the slowest chain of compiles, not their sum. Workers only make bytes; loading them
 # (cuModuleLoad, on the caller's device) stays with the thread that launches, in _load. There a module whose compile
 # has started is taken from its future (a compile error raises there, as it would have inline); one still queued
 # (behind other plans' modules) is taken off the queue and made by the caller, which never waits for the queue.
-# Modules that are never launched (a backward that runs on other layouts) cost a compile and nothing else.
+# Modules that are never launched (a backward that runs on other layouts) cost a compile and nothing else. hiprtc on
+# AMD compiles inline, as before: concurrent hiprtc compiles have never run here (no AMD GPU), so none are started.
 # The workers are daemon threads: a process that ends does not wait for compiles it may never use (what it does
 # launch, it took or made in _load). PORTCONV_COMPILE_THREADS=0 turns this off; a forked child starts with no pool
 # and nothing pending (the parent's workers do not exist there).
@@ -195,6 +196,7 @@ class KernelSet:
 
     vendor = "cuda"
     compiler = "nvrtc"
+    ahead = True  # Note [compile ahead]: the compiler may run on worker threads
 
     def __init__(self, folders: list[pathlib.Path] | None = None, options: tuple[str, ...] = ("-std=c++17",),
                  pip_hint: str = CUDA_PIP_HINT):
@@ -259,6 +261,8 @@ class KernelSet:
 
     def prefetch(self, modules, device: int) -> None:
         """Start making the binaries of ``modules`` for ``device`` on the pool (Note [compile ahead])."""
+        if not self.ahead:
+            return
         arch = None
         with self._lock:
             for module in dict.fromkeys(modules):

@@ -77,6 +77,7 @@ class HipKernelSet(compile.KernelSet):
         self.platform = platform
         self.wave = wave  # None: the device's own wavefront (AMD) or 32 (NVIDIA)
         self.compiler = "hiprtc" if platform == "amd" else "nvrtc"
+        self.ahead = platform != "amd"  # Note [compile ahead]: NVRTC's threads only
         self.vendor = f"hip-{platform}"
 
     def arch_options(self, device: int) -> tuple[str, tuple[str, ...], str]:
