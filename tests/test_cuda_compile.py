@@ -229,7 +229,8 @@ def test_every_launched_kernel_exists():
     for family, names in hip.KERNELS.items():
         text = inline_source(select.ENTRY[family], [CUDA_DIR])
         for name in (*names, *hip.COMMON_KERNELS):
-            assert re.search(rf"PC_KERNEL void PC_LAUNCH_BOUNDS(_MIN)?\([\w, ]+\) {name}\(", text), (family, name)
+            assert re.search(rf"PC_KERNEL void (PC_LAUNCH_BOUNDS(_MIN)?\([\w, ]+\)|PC_DWT_NBOUNDS) {name}\(", text), (
+                family, name)  # PC_DWT_NBOUNDS: Note [rows by plan]
     text = inline_source(select.ENTRY["igemm-tc"], [CUDA_DIR])
     assert " portconv_igemm_bwd_data_phase(" in text and " portconv_stage_transpose(" in text
 
