@@ -221,7 +221,8 @@ def _compile_report() -> str:
     if not events:
         return ("\nkernel compile: no run-time compile recorded in this process (OpenCL programs come from "
                 "pyopencl's cache or are built inside the 'first ms' above; aten/cudnn/miopen compile nothing)")
-    lines = ["\nkernel compile (first call; 'disk' = read back from PORTCONV_CACHE_DIR):"]
+    lines = ["\nkernel compile (first call; 'disk' = read back from PORTCONV_CACHE_DIR; ms: what the launching thread "
+             "waited,\n  a compile ahead on worker threads included, Note [compile ahead]):"]
     for e in events:
         defs = " ".join(f"-D{k}={v}" for k, v in e.defines)
         lines.append(f"  {e.entry:<16} {e.arch:<8} {e.how:<7} {e.seconds * 1e3:9.1f} ms  {defs}")
