@@ -52,24 +52,16 @@ def _text(name: str, v: str) -> str:
     return v
 
 
-def _count(name: str, v: str) -> int:
-    try:
-        n = int(v.strip())
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise ValueError(f"{name}={v!r}: expected a whole number >= 1")
-    return n
-
-
-def _threads(name: str, v: str) -> int:
-    try:
-        n = int(v.strip())
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise ValueError(f"{name}={v!r}: expected a whole number >= 0")
-    return n
+def _whole(low: int) -> Callable[[str, str], int]:
+    def parse(name: str, v: str) -> int:
+        try:
+            n = int(v.strip())
+        except ValueError:
+            n = low - 1
+        if n < low:
+            raise ValueError(f"{name}={v!r}: expected a whole number >= {low}")
+        return n
+    return parse
 
 
 def _default_cache() -> str:
@@ -99,9 +91,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("PORTCONV_POISON", "poison", _flag, "1: fill results with NaN before kernels run (the conformance suite)"),
     Knob("PORTCONV_CACHE_DIR", "cache_dir", _text,
          "folder of compiled kernels and tuning results (default ~/.cache/portconv)"),
-    Knob("PORTCONV_PLAN_CACHE", "plan_cache", _count,
+    Knob("PORTCONV_PLAN_CACHE", "plan_cache", _whole(1),
          "plans (and fast-path entries) kept per process, least recently used first out (default 4096)"),
-    Knob("PORTCONV_COMPILE_THREADS", "compile_threads", _threads,
+    Knob("PORTCONV_COMPILE_THREADS", "compile_threads", _whole(0),
          "threads that compile a plan's CUDA/HIP kernels ahead of its first calls (default: up to 8, one per CPU); "
          "0: each kernel compiles when first launched (Note [compile ahead])"),
     Knob("PORTCONV_TUNE", "tune", _flag, "1: time the candidate backends once per problem and keep the fastest"),

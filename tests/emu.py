@@ -56,7 +56,6 @@ class EmuLoader:
     def __init__(self, kernels: EmuKernels, wave: int = 1):
         self.kernels, self.wave = kernels, wave
         self.programs: list[Program] = []
-        self.prefetched: list[Program] = []
 
     def key(self, t) -> tuple | None:
         return None if t is None else (t.stride(), t.data_ptr() & 15)
@@ -67,7 +66,7 @@ class EmuLoader:
         return Layout(tuple(t.shape), t.stride(), t.data_ptr() & 15)
 
     def prefetch(self, program: Program, anchor) -> None:
-        self.prefetched.append(program)  # the emulator builds a module when first loaded (Note [compile ahead])
+        """The emulator builds a module when first loaded (Note [compile ahead])."""
 
     def load(self, program: Program, anchor) -> Executable:
         self.programs.append(program)

@@ -76,6 +76,9 @@ class Loader:
             lay = self._layouts[key] = _layout(*key)
         return lay
 
+    def prefetch(self, program: Program, anchor) -> None:
+        """OpenCL programs build when first loaded (the runtime's program cache); nothing compiles ahead."""
+
     def load(self, program: Program, anchor):
         """An Exec of ``program``, its modules compiled for the anchor's context and their work-group limits met."""
         runtime = _runtime(self.device, anchor)

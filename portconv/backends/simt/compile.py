@@ -11,7 +11,6 @@ import re
 import sys
 import threading
 import time
-from typing import ClassVar
 
 from ... import diskcache, forks, knobs, sources
 from ...errors import VendorImportError
@@ -180,8 +179,6 @@ def _submit(fn, *args) -> concurrent.futures.Future | None:
 def _after_fork() -> None:
     global _pool
     _pool = None
-    for ks in KernelSet.instances:
-        ks._ahead.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork)
@@ -207,9 +204,7 @@ class KernelSet:
         self._ahead: dict[tuple, concurrent.futures.Future] = {}  # Note [compile ahead]: binaries being made
         self._texts: dict[str, str] = {}
         self._lock = threading.Lock()
-        KernelSet.instances.append(self)
-
-    instances: ClassVar[list] = []  # every kernel set made: a forked child drops their pending compiles
+        os.register_at_fork(after_in_child=self._ahead.clear)  # the parent's workers do not exist in a child
 
     # the parts a vendor overrides ------------------------------------------------------------------------------
     def compiler_version(self) -> str:

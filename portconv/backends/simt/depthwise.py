@@ -125,16 +125,16 @@ N16_PATHS = {4: "as quads (Note [quad rows])", 1: "as pairs, P2 even (Note [pack
              2: "as pairs, P2 odd (Note [packed rows])", 0: "one element an access"}
 
 
-def n16_rows(view: ConvView, x: Operand, y: Operand, stride: int) -> int:
+def n16_rows(view: ConvView, x: Operand, y: Operand) -> int:
     """Note [rows by plan] (cuda/conv_depthwise_tile.cuh): PC_DWT_N16 of a 16-bit 2-D NCHW tile launch (the 'tilen'
-    kernels at in-plane stride 1 or 2) whose argument block binds ``x`` and ``y``: 4 (Note [quad rows]) where the
-    window starts a column left of the strip (P2 1), the rows are a multiple of 4 and as long on both sides, and
-    every stride but the unit last one is a multiple of 4 with 8-byte-aligned bases; else 1 or 2 (Note [packed
-    rows]; P2 even or odd) where the last axis is unit-stride, every other stride even and the bases 4-byte
+    kernels at in-plane stride 1 or 2) whose argument block binds ``x`` and ``y``: 4 (Note [quad rows]) at stride 1
+    where the window starts a column left of the strip (P2 1), the rows are a multiple of 4 and as long on both
+    sides, and every stride but the unit last one is a multiple of 4 with 8-byte-aligned bases; else 1 or 2 (Note
+    [packed rows]; P2 even or odd) where the last axis is unit-stride, every other stride even and the bases 4-byte
     aligned; else 0 (one element an access)."""
     xs, ys = V.strides5(x), V.strides5(y)
     unit = xs[4] == 1 and ys[4] == 1
-    if (stride == 1 and unit and view.K == view.C and view.P[2] == 1 and view.X[2] % 4 == 0
+    if (view.S[2] == 1 and unit and view.K == view.C and view.P[2] == 1 and view.X[2] % 4 == 0
             and view.Y[2] == view.X[2] and view.R[0] == 1 and view.S[0] == 1 and view.P[0] == 0
             and all(s % 4 == 0 for s in xs[:4] + ys[:4]) and x.layout.misalign % 8 == 0
             and y.layout.misalign % 8 == 0):
@@ -269,7 +269,7 @@ class Depthwise:
         """The module defines of a fwd or bwd_data launch binding ``x`` and ``y``: its family's, and the 16-bit 2-D
         NCHW tile kernels' row path (Note [rows by plan])."""
         if self.t.item == 2 and suffix in ("_tilen_s1", "_tilen_s2"):
-            n16 = n16_rows(self.v, x, y, int(suffix[-1]))
+            n16 = n16_rows(self.v, x, y)
             self.L.note(f"rows read {N16_PATHS[n16]} (Note [rows by plan])")
             return {"PC_DWT_N16": n16}
         return self.vk.defines_of(suffix)
