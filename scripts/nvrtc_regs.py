@@ -1,15 +1,13 @@
 """Registers, spills and shared memory of portconv's CUDA kernels as NVRTC builds them at run time, without a GPU.
 
 NVRTC's register counts can differ from an offline nvcc build of the same source (docs/kernels/depthwise.md), and
-what runs is NVRTC's. This asks libnvrtc (pip install nvidia-cuda-nvrtc, the
-version the device's CuPy loads) for the ptxas report of one entry, with the options portconv's KernelSet passes.
+what runs is NVRTC's. This asks libnvrtc (pip install nvidia-cuda-nvrtc; the one portconv's cuda set
+loads, Note [ctypes toolchain]) for the ptxas report of one entry, with the options portconv's KernelSet passes.
 
     python scripts/nvrtc_regs.py depthwise.cu sm_90 PC_DTYPE=3 [PC_DWT_FWIN=1 ...] [--match fwd_tile_s1]
 """
 from __future__ import annotations
 
-import ctypes
-import glob
 import os
 import re
 import sys
@@ -19,32 +17,21 @@ from portconv import sources  # noqa: E402
 from portconv.backends.simt.compile import inline_source  # noqa: E402
 
 
-def libnvrtc() -> ctypes.CDLL:
-    import nvidia
+def libnvrtc():
+    """portconv's NVRTC (Note [ctypes toolchain]); SystemExit naming what to install where there is none."""
+    from portconv.backends.simt import nvidia
+    from portconv.errors import VendorImportError
 
-    for root in nvidia.__path__:
-        for path in sorted(glob.glob(os.path.join(root, "*", "lib", "libnvrtc.so.*"))):
-            if "alt" not in path and "builtins" not in path:
-                for b in glob.glob(os.path.join(os.path.dirname(path), "libnvrtc-builtins.so.*")):
-                    if "alt" not in b:
-                        ctypes.CDLL(b, mode=ctypes.RTLD_GLOBAL)  # NVRTC opens it by name at compile time
-                return ctypes.CDLL(path)
-    raise SystemExit("libnvrtc not found: pip install nvidia-cuda-nvrtc")
+    try:
+        return nvidia.nvrtc()
+    except VendorImportError as e:
+        raise SystemExit(str(e)) from e
 
 
 def compile_text(text: str, name: str, options: list[str]) -> tuple[int, str]:
     """(NVRTC's return code, its log with ptxas's resource lines) of building ``text`` with ``options``."""
-    lib = libnvrtc()
-    prog = ctypes.c_void_p()
-    assert lib.nvrtcCreateProgram(ctypes.byref(prog), text.encode(), name.encode(), 0, None, None) == 0
-    opts = [*options, "--ptxas-options=-v"]
-    rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*(o.encode() for o in opts)))
-    size = ctypes.c_size_t()
-    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-    log = ctypes.create_string_buffer(size.value)
-    lib.nvrtcGetProgramLog(prog, log)
-    lib.nvrtcDestroyProgram(ctypes.byref(prog))
-    return rc, log.value.decode(errors="replace")
+    rc, log, _ = libnvrtc().compile(text, name, [*options, "--ptxas-options=-v"])
+    return rc, log
 
 
 def report(entry: str, arch: str, defines: dict[str, str]) -> str:

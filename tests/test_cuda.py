@@ -211,12 +211,14 @@ def test_rocm_and_cpu_tensors_are_not_the_cuda_backends(monkeypatch):
 
 def test_simt_reads_no_environment_and_hip_does_not_import_cuda():
     """Note [knobs]: no module of the simt set reads the environment (hiprtc's include search reads ROCm's own
-    ROCM_PATH / HIP_PATH, not portconv's) or names a PORTCONV_* variable in its code; the hip backend shares code with
+    ROCM_PATH / HIP_PATH, the NVRTC search CUDA's CUDA_PATH / CUDA_HOME, not portconv's) or names a PORTCONV_* variable in its code; the hip backend shares code with
     the cuda one through the simt modules, never by importing simt/cuda.py."""
     for path in sorted(SIMT.glob("*.py")):
         text = path.read_text()
         uses = re.findall(r"os\.(?:environ|getenv|putenv)[^\n]*", text)
-        allowed = ['os.environ.get("ROCM_PATH"), os.environ.get("HIP_PATH"), "/opt/rocm"):'] * (path.name == "hip.py")
+        allowed = {"hip.py": ['os.environ.get("ROCM_PATH"), os.environ.get("HIP_PATH"), "/opt/rocm"):'],
+                   "nvidia.py": ['os.environ.get("CUDA_PATH"), os.environ.get("CUDA_HOME"), "/usr/local/cuda"):  '
+                                 "# the toolkit's own"]}.get(path.name, [])
         assert uses == allowed, (path.name, uses)
         tree = ast.parse(text)
         docs = {id(n.body[0].value) for n in ast.walk(tree)
@@ -552,13 +554,21 @@ def test_executable_binds_this_calls_addresses(knob_env):
     assert all(v == 0 for v in run.steps[0][0][:5])  # the template keeps its address fields zero
 
 
-class _FakeCupy:
-    """What runtime.Loader asks of CuPy, on a machine without one: a device of compute capability ``cc``."""
+class _FakeDriver:
+    """What runtime.Loader asks of the driver (Note [ctypes toolchain]), on a machine without one: a device of
+    compute capability ``cc`` whose context is current."""
 
     def __init__(self, cc: str):
-        dev = type("Dev", (), {"compute_capability": cc, "__enter__": lambda s: s, "__exit__": lambda *a: False})
-        self.cuda = type("C", (), {"Device": lambda self_, d: dev(),
-                                   "runtime": type("R", (), {"is_hip": False, "getDevice": staticmethod(lambda: 0)})})()
+        self.cc = int(cc)
+
+    def compute_capability(self, device):
+        return self.cc
+
+    def primary(self, device):
+        return 0xC0
+
+    def current(self):
+        return 0xC0
 
 
 @pytest.mark.parametrize("cc,pdl,ex", [("90", "1", True), ("90", "0", False), ("80", "1", False)])
@@ -577,7 +587,7 @@ def test_loader_launches_dependent_finalizes_with_pdl_on_sm90(cc, pdl, ex, monke
             calls.append((head[0] == "ex", stream, block_args[0]))
 
     class Kernels:
-        pip_hint = ""
+        pip_hint, platform = "", "nvidia"
 
         def function(self, module, device, name):
             return type("Fn", (), {"ptr": 0x1234})()
@@ -592,7 +602,9 @@ def test_loader_launches_dependent_finalizes_with_pdl_on_sm90(cc, pdl, ex, monke
         def _stream(self, device):
             return lambda: 42
 
-    monkeypatch.setattr(runtime, "import_cupy", lambda hint="": _FakeCupy(cc))
+    from portconv.backends.simt import nvidia
+
+    monkeypatch.setattr(nvidia, "driver", lambda: _FakeDriver(cc))
     monkeypatch.setattr(runtime, "_driver", Driver())
     run = CpuLoader(Kernels(), "torch").load(_fake_program(), None)
     monkeypatch.setattr(run, "ptr", lambda t: t.addr)

@@ -6,9 +6,11 @@ The GPU tests run when pytest is given --backend hip (tox -e hip) and then FAIL 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import pathlib
 import shutil
 import tempfile
+import types
 
 import pytest
 import torch
@@ -21,7 +23,7 @@ from gpu_refs import reference as _reference
 import portconv
 from portconv import backends
 from portconv.backends import BackendId
-from portconv.backends.simt import hip, select
+from portconv.backends.simt import compile, hip, select
 from portconv.backends.simt.hip import HipBackend
 from portconv.device import DeviceInfo
 from portconv.errors import Unsupported
@@ -195,14 +197,32 @@ def test_build_check_covers_every_define_the_runtime_uses(recorded):
                         assert x.kernel in (*hip.KERNELS[alg], *hip.COMMON_KERNELS), x.kernel
 
 
-def test_probe_names_the_pip_extras_without_cupy():
-    try:
-        import cupy  # noqa: F401
-    except ImportError:
-        a = HipBackend().probe()
-        assert not a and "portconv[rocm]" in a.reason and "portconv[cuda12]" in a.reason
-    else:
+def test_probe_without_cupy_names_the_rocm_extra_on_amd(monkeypatch):
+    """Note [ctypes toolchain]: CuPy is the runtime on AMD only. Where torch is built for ROCm and CuPy is missing,
+    the probe names the pip extra; on NVIDIA (here: no driver) it names the driver, not CuPy."""
+    pytest.importorskip("torch")
+    if importlib.util.find_spec("cupy") is not None:
         pytest.skip("CuPy is installed here")
+    rocm = types.SimpleNamespace(version=types.SimpleNamespace(hip="7.0"))
+    monkeypatch.setattr(compile, "torch_with_gpu", lambda: rocm)
+    a = HipBackend().probe()
+    assert not a and "CuPy is not installed" in a.reason and "portconv[rocm]" in a.reason, a
+
+
+def test_probe_on_nvidia_names_the_driver_not_cupy(monkeypatch):
+    """Note [ctypes toolchain]: on NVIDIA the hip set needs the driver and NVRTC, not CuPy; without a driver the
+    probe says so."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        pytest.skip("this machine has the NVIDIA driver")
+    except OSError:
+        pass
+    monkeypatch.setattr(compile, "torch_with_gpu", lambda: None)
+    monkeypatch.setattr(compile.importlib.util, "find_spec", lambda name: None)  # no CuPy: platform 'nvidia'
+    a = HipBackend().probe()
+    assert not a and "libcuda.so.1" in a.reason and "CuPy" not in a.reason, a
 
 
 # --- wave64 on the CPU: the shared bodies under tests/cuda_emu with 64-lane warps ------------------------------------

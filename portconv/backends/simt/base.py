@@ -34,6 +34,9 @@ class SimtBackend(Backend):
             return []
         from . import compile, runtime
 
+        torch = compile.torch_with_gpu()
+        if torch is not None:  # Note [ctypes toolchain]: torch describes its GPUs, no CuPy
+            return [runtime.device_info("torch", i) for i in range(torch.cuda.device_count())]
         cupy = compile.import_cupy(self.pip_hint)
         return [runtime.device_info("cupy", i) for i in range(cupy.cuda.runtime.getDeviceCount())]
 

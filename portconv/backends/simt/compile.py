@@ -4,6 +4,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import hashlib
+import importlib.util
 import os
 import pathlib
 import queue
@@ -26,8 +27,9 @@ def _torch_initialised_cuda() -> bool:
     return torch is not None and torch.cuda._is_in_bad_fork()
 
 
-# Note [fork]: the cuda and hip backends reach the runtime first through import_cupy() (probes, devices, kernel
-# sets, loaders); what a plan loaded before a fork runs is checked at load and launch (runtime.py).
+# Note [fork]: the cuda and hip backends reach the runtime first through nvidia.driver() (NVIDIA) or import_cupy()
+# (CuPy arrays, ROCm), each of which marks it used; what a plan loaded before a fork runs is checked at load and
+# launch (runtime.py).
 FORK = forks.RuntimeGuard("the CUDA/HIP runtime", "neither CUDA nor ROCm can run in a child forked after the "
                           "driver was initialised", inherited=_torch_initialised_cuda)
 
@@ -45,6 +47,23 @@ def import_cupy(pip_hint: str = CUDA_PIP_HINT):
 
 def is_hip(cupy) -> bool:
     return bool(getattr(cupy.cuda.runtime, "is_hip", False))
+
+
+def torch_with_gpu():
+    """torch, where it is imported and sees a GPU (CUDA or ROCm); else None."""
+    torch = sys.modules.get("torch")
+    return torch if torch is not None and torch.cuda.is_available() else None
+
+
+def platform(pip_hint: str = CUDA_PIP_HINT) -> str:
+    """'amd' or 'nvidia': torch's build where torch sees a GPU, else CuPy's where CuPy is installed, else 'nvidia'
+    (Note [ctypes toolchain]: CuPy is imported only where torch cannot tell)."""
+    torch = torch_with_gpu()
+    if torch is not None:
+        return "amd" if getattr(torch.version, "hip", None) else "nvidia"
+    if importlib.util.find_spec("cupy") is None:
+        return "nvidia"
+    return "amd" if is_hip(import_cupy(pip_hint)) else "nvidia"
 
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
@@ -206,36 +225,39 @@ class KernelSet:
         self._lock = threading.Lock()
         os.register_at_fork(after_in_child=self._ahead.clear)  # the parent's workers do not exist in a child
 
-    # the parts a vendor overrides ------------------------------------------------------------------------------
+    # the parts a vendor overrides: NVRTC and the driver through ctypes (Note [ctypes toolchain]) -----------------
+    platform = "nvidia"
+
     def compiler_version(self) -> str:
-        cupy = import_cupy(self.pip_hint)
-        return ".".join(map(str, cupy.cuda.nvrtc.getVersion()))
+        from . import nvidia
+
+        return ".".join(map(str, nvidia.nvrtc(nvidia.driver().version).version))
 
     def arch_options(self, device: int) -> tuple[str, tuple[str, ...], str]:
         """(arch name, arch options, binary kind) for a device: a cubin where NVRTC knows the arch, else PTX."""
-        cupy = import_cupy(self.pip_hint)
-        cc = int(cupy.cuda.Device(device).compute_capability)
-        supported = sorted(cupy.cuda.nvrtc.getSupportedArchs())
+        from . import nvidia
+
+        drv = nvidia.driver()
+        cc = drv.compute_capability(device)
+        supported = nvidia.nvrtc(drv.version).archs()
         if cc in supported:
             return f"sm_{cc}", (f"-arch=sm_{cc}",), "cubin"
         best = max([a for a in supported if a <= cc] or supported[:1])
         return f"sm_{cc}", (f"-arch=compute_{best}",), "ptx"
 
     def build(self, text: str, name: str, options: tuple[str, ...], kind: str) -> bytes:
-        cupy = import_cupy(self.pip_hint)
-        nvrtc = cupy.cuda.nvrtc
-        prog = nvrtc.createProgram(text, name, [], [])
-        try:
-            try:
-                nvrtc.compileProgram(prog, list(options))
-            except nvrtc.NVRTCError as e:
-                log = nvrtc.getProgramLog(prog)
-                raise RuntimeError(f"{self.compiler} failed to compile {name} {' '.join(options)}:\n{log}") from e
-            if kind == "cubin":
-                return nvrtc.getCUBIN(prog)
-            return nvrtc.getPTX(prog) + b"\0"  # the driver's loader reads PTX as a C string
-        finally:
-            nvrtc.destroyProgram(prog)
+        from . import nvidia
+
+        rc, log, code = nvidia.nvrtc(nvidia.driver().version).compile(text, name, list(options), kind)
+        if rc:
+            raise RuntimeError(f"{self.compiler} failed to compile {name} {' '.join(options)}:\n{log}")
+        return code
+
+    def load_binary(self, binary: bytes, device: int):
+        """The loaded module (get_function(name) -> an object with ``ptr``) of a binary on ``device``."""
+        from . import nvidia
+
+        return nvidia.driver().load(binary, device)
 
     # the shared machinery ----------------------------------------------------------------------------------------
     def text(self, entry: str) -> str:
@@ -244,7 +266,7 @@ class KernelSet:
         return self._texts[entry]
 
     def module(self, module: Module, device: int):
-        """The loaded CuPy module of ``module`` on ``device`` (compiled once, then from cache)."""
+        """The loaded module of ``module`` on ``device`` (compiled once, then from cache)."""
         key = (module, device)
         mod = self._modules.get(key)
         if mod is None:
@@ -305,13 +327,10 @@ class KernelSet:
         return self._binary(module, arch)
 
     def _load(self, module: Module, device: int):
-        cupy = import_cupy(self.pip_hint)
         t0 = time.perf_counter()
         arch = self.arch_options(device)
         binary, how = self._take(module, device, arch)
-        with cupy.cuda.Device(device):
-            mod = cupy.cuda.function.Module()
-            mod.load(binary)
+        mod = self.load_binary(binary, device)
         seconds = time.perf_counter() - t0
         _events.append(CompileEvent(module.source, module.compile_defines(), arch[0], how, seconds, device))
         return mod

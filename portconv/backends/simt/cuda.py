@@ -7,7 +7,7 @@ from ...errors import BackendUnavailable, Unsupported, VendorImportError
 from ...knobs import Options
 from ...problem import Problem
 from .. import BackendId, Choice
-from . import base, compile, runtime
+from . import base, compile, nvidia, runtime
 
 
 class CudaBackend(base.SimtBackend):
@@ -24,19 +24,12 @@ class CudaBackend(base.SimtBackend):
 
     def probe(self) -> Availability:
         try:
-            cupy = compile.import_cupy(self.pip_hint)
+            if compile.platform(self.pip_hint) == "amd":
+                return Availability.no("this machine's GPU runtime is ROCm: AMD GPUs are the hip backend's")
         except (VendorImportError, BackendUnavailable) as e:  # BackendUnavailable: a forked child (Note [fork])
             return Availability.no(str(e))
-        if compile.is_hip(cupy):
-            return Availability.no("this CuPy is built for ROCm: AMD GPUs are the hip backend's")
-        try:
-            n = cupy.cuda.runtime.getDeviceCount()
-            nvrtc = ".".join(map(str, cupy.cuda.nvrtc.getVersion()))
-        except cupy.cuda.runtime.CUDARuntimeError as e:
-            return Availability.no(f"no usable CUDA device or driver: {e}")
-        if n == 0:
-            return Availability.no("CUDA reports no device")
-        return Availability.yes(f"CuPy {cupy.__version__}, NVRTC {nvrtc}, {n} CUDA device(s)")
+        ok, text = nvidia.availability()
+        return Availability.yes(text) if ok else Availability.no(text)
 
     def device_for(self, problem: Problem) -> DeviceInfo:
         base.gpu_tensors(problem, "CUDA", "CUDA tensors and CuPy arrays")

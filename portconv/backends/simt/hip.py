@@ -12,10 +12,10 @@ from ...errors import BackendUnavailable, Unsupported, VendorImportError
 from ...knobs import Options
 from ...problem import Problem
 from .. import BackendId, Choice
-from . import base, compile, runtime
+from . import base, compile, nvidia, runtime
 
-PIP_HINT = ("pip install portconv[rocm]  (CuPy for ROCm 7: AMD GPUs), or portconv[cuda12] / portconv[cuda13] "
-            "(NVIDIA GPUs: the HIP sources run there through hip/prelude_nvidia.h)")
+PIP_HINT = ("pip install portconv[rocm]  (CuPy for ROCm 7: AMD GPUs; on NVIDIA GPUs the HIP sources run through "
+            "hip/prelude_nvidia.h with NVRTC and need no CuPy but for CuPy arrays: portconv[cuda12] / [cuda13])")
 
 # Note [HIP modes]: the hip/ sources compile two ways. On a ROCm machine (CuPy for ROCm, torch.version.hip set)
 # hiprtc builds them for the device's gfx target with WAVE_SIZE from its wavefront. On an NVIDIA machine NVRTC
@@ -81,7 +81,7 @@ class HipKernelSet(compile.KernelSet):
         self.vendor = f"hip-{platform}"
 
     def arch_options(self, device: int) -> tuple[str, tuple[str, ...], str]:
-        if self.platform == "nvidia":
+        if self.platform == "nvidia":  # NVRTC and the driver through ctypes (Note [ctypes toolchain])
             arch, opts, kind = super().arch_options(device)
             return arch, compile_options("nvidia", self.wave or 32) + opts, kind
         cupy = compile.import_cupy(self.pip_hint)
@@ -91,6 +91,36 @@ class HipKernelSet(compile.KernelSet):
         wave = self.wave or int(props.get("warpSize", 0)) or wave_of(target)
         opts = compile_options("amd", wave, int(cupy.cuda.runtime.runtimeGetVersion()))
         return target, opts + (f"--offload-arch={target}", *_rocm_includes()), "hsaco"  # getPTX returns the code
+
+    # on AMD: hiprtc and the HIP runtime through CuPy for ROCm (its cupy.cuda.nvrtc is hiprtc)
+    def compiler_version(self) -> str:
+        if self.platform == "nvidia":
+            return super().compiler_version()
+        return ".".join(map(str, compile.import_cupy(self.pip_hint).cuda.nvrtc.getVersion()))
+
+    def build(self, text: str, name: str, options: tuple[str, ...], kind: str) -> bytes:
+        if self.platform == "nvidia":
+            return super().build(text, name, options, kind)
+        rtc = compile.import_cupy(self.pip_hint).cuda.nvrtc
+        prog = rtc.createProgram(text, name, [], [])
+        try:
+            try:
+                rtc.compileProgram(prog, list(options))
+            except rtc.NVRTCError as e:
+                log = rtc.getProgramLog(prog)
+                raise RuntimeError(f"{self.compiler} failed to compile {name} {' '.join(options)}:\n{log}") from e
+            return rtc.getPTX(prog) + b"\0"
+        finally:
+            rtc.destroyProgram(prog)
+
+    def load_binary(self, binary: bytes, device: int):
+        if self.platform == "nvidia":
+            return super().load_binary(binary, device)
+        cupy = compile.import_cupy(self.pip_hint)
+        with cupy.cuda.Device(device):
+            mod = cupy.cuda.function.Module()
+            mod.load(binary)
+        return mod
 
 
 def _rocm_includes() -> tuple[str, ...]:
@@ -116,7 +146,9 @@ class HipBackend(base.SimtBackend):
         self.wave = wave  # tests force a logical wave (16 on NVIDIA) to run the wave-size-generic paths
 
     def platform(self) -> str:
-        return "amd" if compile.is_hip(compile.import_cupy(self.pip_hint)) else "nvidia"
+        """'amd' where torch is built for ROCm or CuPy is (CuPy imported only where torch has no GPU), else 'nvidia'
+        (Note [ctypes toolchain]: NVIDIA needs no CuPy)."""
+        return compile.platform(self.pip_hint)
 
     def kernels(self) -> HipKernelSet:
         if self._kernels is None:
@@ -125,21 +157,25 @@ class HipBackend(base.SimtBackend):
 
     def probe(self) -> Availability:
         try:
-            cupy = compile.import_cupy(self.pip_hint)
+            amd = self.platform() == "amd"
         except (VendorImportError, BackendUnavailable) as e:  # BackendUnavailable: a forked child (Note [fork])
             return Availability.no(str(e))
-        amd = compile.is_hip(cupy)
+        if not amd:
+            ok, text = nvidia.availability()
+            if not ok:
+                return Availability.no(text)
+            return Availability.yes(f"HIP-on-NVIDIA: {text}; the hip/ sources compile through hip/prelude_nvidia.h")
         try:
+            cupy = compile.import_cupy(self.pip_hint)
             n = cupy.cuda.runtime.getDeviceCount()
             rtc = ".".join(map(str, cupy.cuda.nvrtc.getVersion()))
-        except (cupy.cuda.runtime.CUDARuntimeError, RuntimeError) as e:
-            return Availability.no(f"no usable {'ROCm' if amd else 'CUDA'} device or runtime: {e}")
+        except (VendorImportError, BackendUnavailable) as e:
+            return Availability.no(str(e))
+        except RuntimeError as e:  # CuPy's CUDARuntimeError is one
+            return Availability.no(f"no usable ROCm device or runtime: {e}")
         if n == 0:
-            return Availability.no(f"{'ROCm' if amd else 'CUDA'} reports no device")
-        if amd:
-            return Availability.yes(f"CuPy {cupy.__version__} for ROCm, hiprtc {rtc}, {n} AMD GPU(s)")
-        return Availability.yes(f"HIP-on-NVIDIA: CuPy {cupy.__version__}, NVRTC {rtc}, {n} NVIDIA GPU(s); the hip/ "
-                                "sources compile through hip/prelude_nvidia.h")
+            return Availability.no("ROCm reports no device")
+        return Availability.yes(f"CuPy {cupy.__version__} for ROCm, hiprtc {rtc}, {n} AMD GPU(s)")
 
     def device_for(self, problem: Problem) -> DeviceInfo:
         base.gpu_tensors(problem, "HIP", "GPU tensors (ROCm or CUDA torch tensors, CuPy arrays)")
@@ -151,8 +187,8 @@ class HipBackend(base.SimtBackend):
 
         torch_hip = bool(getattr(torch.version, "hip", None))
         if torch_hip != amd:
-            raise Unsupported(f"PyTorch is built for {'ROCm' if torch_hip else 'CUDA'} but CuPy for "
-                              f"{'ROCm' if amd else 'CUDA'}: the tensors' memory is not CuPy's device's")
+            raise Unsupported(f"PyTorch is built for {'ROCm' if torch_hip else 'CUDA'} but the GPU runtime here is "
+                              f"{'ROCm' if amd else 'CUDA'}'s: the tensors' memory is not its device's")
         return runtime.device_info("torch", spec.device_index or 0)
 
     def choose(self, problem: Problem, device: DeviceInfo, options: Options) -> Choice:

@@ -92,7 +92,9 @@ class DriverLaunch:
         pp = ctypes.byref(ctypes.c_void_p(ctypes.addressof(block_args)))
         err = self._go(head, stream, pp)
         if err == _CUDA_ERROR_INVALID_CONTEXT:  # a thread that never made the device's context current
-            import_cupy().cuda.runtime.setDevice(device)
+            from . import nvidia
+
+            nvidia.driver().make_current(device)
             err = self._go(head, stream, pp)
         if err:
             name = ctypes.c_char_p()
@@ -188,13 +190,19 @@ class Executable:
 
 class Loader:
     """program.Loader of the simt set: a Program's kernels fetched from the kernel set, its launch heads and blocks
-    made once; memory from torch (``memory`` 'torch') or CuPy ('cupy'), launches through the driver where there is
-    one (NVIDIA), else through CuPy."""
+    made once; memory from torch (``memory`` 'torch') or CuPy ('cupy'), launches through the driver on NVIDIA (no
+    CuPy for torch tensors: Note [ctypes toolchain]), through CuPy on AMD."""
 
     def __init__(self, kernels, memory: str):
         self.kernels, self.memory = kernels, memory
-        self.cupy = import_cupy(kernels.pip_hint)
-        self.driver = None if is_hip(self.cupy) else driver_launch()
+        amd = kernels.platform == "amd"
+        self.cupy = import_cupy(kernels.pip_hint) if memory == "cupy" or amd else None
+        self.driver = None if amd else driver_launch()
+        self.nv = None
+        if self.driver is not None:
+            from . import nvidia
+
+            self.nv = nvidia.driver()
         if memory == "torch":
             import torch
 
@@ -262,7 +270,7 @@ class Loader:
         FORK.check("CUDA/HIP kernels")  # Note [fork]: a plan made before the fork reads the device here
         device = self._device(anchor)
         pdl = (self.driver is not None and self.driver.has_ex and knobs.env().cuda_pdl
-               and int(self.cupy.cuda.Device(device).compute_capability) >= 90)
+               and self.nv.compute_capability(device) >= 90)
         steps = []
         for x in program.launches:
             fn = self.kernels.function(x.module, device, x.kernel)
@@ -279,20 +287,25 @@ class Loader:
         return head, fn, x.grid, x.block
 
     def _go(self, device: int):
-        cupy, d = self.cupy, self.driver
-        get_device = cupy.cuda.runtime.getDevice
+        d = self.driver
+        if d is None:  # AMD: CuPy's launch
+            cupy = self.cupy
 
-        def cupy_launch(head, a, stream):
-            args = np.frombuffer(a, dtype=np.int64).copy().view(_VOID)
-            with cupy.cuda.Device(device):
-                head[1](head[2], head[3], (args,), stream=external_stream(cupy, stream, device))
-
-        if d is None:
+            def cupy_launch(head, a, stream):
+                args = np.frombuffer(a, dtype=np.int64).copy().view(_VOID)
+                with cupy.cuda.Device(device):
+                    head[1](head[2], head[3], (args,), stream=external_stream(cupy, stream, device))
             return cupy_launch
+        nv = self.nv
+        ctx, current = nv.primary(device), nv.current
 
         def go(head, a, stream):
-            if get_device() == device:
+            if current() == ctx:
                 d(head[0], a, stream, device)
-            else:  # another device is current: CuPy's launch makes this one's context current
-                cupy_launch(head, a, stream)
+                return
+            old = nv.make_current(device)  # another device (or none) is current on this thread
+            try:
+                d(head[0], a, stream, device)
+            finally:
+                nv.restore(old)
         return go
