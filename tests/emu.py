@@ -88,11 +88,11 @@ class EmuLoader:
         return alloc
 
     @staticmethod
-    def _go(head, block_args, stream) -> None:
-        lib, fn, grid, block = head
-        rc = lib.pc_emu_launch(ctypes.c_void_p(fn), *[ctypes.c_uint(g) for g in grid], ctypes.c_uint(block[0]),
-                               ctypes.c_void_p(ctypes.addressof(block_args)))
-        assert rc == 0, "the emulated kernel deadlocked at a barrier"
+    def _go(launches, stream) -> None:
+        for (lib, fn, grid, block), block_args in launches:
+            rc = lib.pc_emu_launch(ctypes.c_void_p(fn), *[ctypes.c_uint(g) for g in grid], ctypes.c_uint(block[0]),
+                                   ctypes.c_void_p(ctypes.addressof(block_args)))
+            assert rc == 0, "the emulated kernel deadlocked at a barrier"
 
     def launches(self) -> list:
         """Every launch of every Program loaded so far, in order."""

@@ -211,8 +211,9 @@ def test_rocm_and_cpu_tensors_are_not_the_cuda_backends(monkeypatch):
 
 def test_simt_reads_no_environment_and_hip_does_not_import_cuda():
     """Note [knobs]: no module of the simt set reads the environment (hiprtc's include search reads ROCm's own
-    ROCM_PATH / HIP_PATH, the NVRTC search CUDA's CUDA_PATH / CUDA_HOME, not portconv's) or names a PORTCONV_* variable in its code; the hip backend shares code with
-    the cuda one through the simt modules, never by importing simt/cuda.py."""
+    ROCM_PATH / HIP_PATH, the NVRTC search CUDA's CUDA_PATH / CUDA_HOME, not portconv's) or names a PORTCONV_*
+    variable in its code; the hip backend shares code with the cuda one through the simt modules, never by importing
+    simt/cuda.py."""
     for path in sorted(SIMT.glob("*.py")):
         text = path.read_text()
         uses = re.findall(r"os\.(?:environ|getenv|putenv)[^\n]*", text)
@@ -530,7 +531,7 @@ def _executable(program, launched, allocated):
                   for x in program.launches)
     return runtime.Executable(tuple((b.role, alloc_for(b), b.result) for b in program.buffers), steps,
                               program.outputs, lambda t: t.addr, lambda: 77,
-                              lambda head, a, stream: launched.append((head, list(a[:6]), stream)))
+                              lambda launches, stream: launched.extend((h, list(a[:6]), stream) for h, a in launches))
 
 
 def test_executable_binds_this_calls_addresses(knob_env):

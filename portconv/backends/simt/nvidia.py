@@ -47,6 +47,8 @@ class Driver:
         self.version = v.value  # 13000 for CUDA 13.0
         self._primary: dict[int, ctypes.c_void_p] = {}
         self._lock = threading.Lock()
+        self._local = threading.local()
+        self._get_current = self.lib.cuCtxGetCurrent
 
     def device_count(self) -> int:
         n = ctypes.c_int()
@@ -76,8 +78,14 @@ class Driver:
         return ctx.value
 
     def current(self) -> int | None:
-        ctx = ctypes.c_void_p()
-        _check(self.lib, "cuCtxGetCurrent", self.lib.cuCtxGetCurrent(ctypes.byref(ctx)))
+        """This thread's current context (once a call: runtime.Loader's launcher asks it)."""
+        local = self._local
+        ctx = getattr(local, "ctx", None)
+        if ctx is None:
+            ctx = local.ctx = ctypes.c_void_p()
+        rc = self._get_current(ctypes.byref(ctx))
+        if rc:
+            _check(self.lib, "cuCtxGetCurrent", rc)
         return ctx.value
 
     def make_current(self, device: int) -> int | None:

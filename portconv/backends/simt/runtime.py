@@ -164,14 +164,16 @@ def external_stream(cupy, ptr: int, device: int):
 
 class Executable:
     """One loaded Program: a call allocates its buffers (results NaN-poisoned under PORTCONV_POISON), copies each
-    launch's argument block, writes its Binds' addresses, launches it on the caller's stream and returns the results."""
+    launch's argument block, writes its Binds' addresses and hands the call's launches, in order, to ``go`` with the
+    caller's stream; it returns the results."""
 
     __slots__ = ("allocs", "steps", "outputs", "ptr", "stream", "go")
 
     def __init__(self, allocs, steps, outputs, ptr, stream, go):
         self.allocs = allocs  # ((role, alloc(poison) -> tensor, is a result), ...)
         self.steps = steps  # ((argument block template, ((slot, role), ...), head), ...)
-        self.outputs, self.ptr, self.stream, self.go = outputs, ptr, stream, go
+        self.outputs, self.ptr, self.stream = outputs, ptr, stream
+        self.go = go  # go(((head, argument block), ...), stream): the launches of one call
 
     def __call__(self, values: dict) -> tuple:
         FORK.check("CUDA/HIP kernels")  # Note [fork]: a plan loaded before the fork
@@ -179,12 +181,15 @@ class Executable:
         poison = knobs.env().poison
         for role, alloc, result in self.allocs:
             vals[role] = alloc(poison and result)
-        ptr, go, stream = self.ptr, self.go, self.stream()
+        ptr = self.ptr
+        addr = {role: ptr(v) for role, v in vals.items() if v is not None}
+        launches = []
         for template, slots, head in self.steps:
             a = template.__class__.from_buffer_copy(template)
             for i, role in slots:
-                a[i] = ptr(vals[role])
-            go(head, a, stream)
+                a[i] = addr[role]
+            launches.append((head, a))
+        self.go(launches, self.stream())
         return tuple(None if r is None else vals[r] for r in self.outputs)
 
 
@@ -287,25 +292,31 @@ class Loader:
         return head, fn, x.grid, x.block
 
     def _go(self, device: int):
+        """The launcher of one call's launches: CuPy's on AMD; the driver's on NVIDIA, in the device's primary
+        context, made current for the call where another (or none) is current on this thread."""
         d = self.driver
-        if d is None:  # AMD: CuPy's launch
+        if d is None:
             cupy = self.cupy
 
-            def cupy_launch(head, a, stream):
-                args = np.frombuffer(a, dtype=np.int64).copy().view(_VOID)
+            def cupy_launch(launches, stream):
+                s = external_stream(cupy, stream, device)
                 with cupy.cuda.Device(device):
-                    head[1](head[2], head[3], (args,), stream=external_stream(cupy, stream, device))
+                    for head, a in launches:
+                        args = np.frombuffer(a, dtype=np.int64).copy().view(_VOID)
+                        head[1](head[2], head[3], (args,), stream=s)
             return cupy_launch
         nv = self.nv
         ctx, current = nv.primary(device), nv.current
 
-        def go(head, a, stream):
+        def go(launches, stream):
             if current() == ctx:
-                d(head[0], a, stream, device)
+                for head, a in launches:
+                    d(head[0], a, stream, device)
                 return
-            old = nv.make_current(device)  # another device (or none) is current on this thread
+            old = nv.make_current(device)
             try:
-                d(head[0], a, stream, device)
+                for head, a in launches:
+                    d(head[0], a, stream, device)
             finally:
                 nv.restore(old)
         return go
