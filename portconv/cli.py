@@ -73,7 +73,7 @@ def cmd_devices(a) -> int:
     knobs = raw()
     vers = {}
     for dist in ("torch", "numpy", "pyopencl", "pocl-binary-distribution", "cupy-cuda12x", "cupy-cuda13x",
-                 "cupy-rocm-7-0"):
+                 "cupy-rocm-7-0", "nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu12"):
         try:
             vers[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:

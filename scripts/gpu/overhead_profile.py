@@ -1,5 +1,5 @@
-"""Where a cached plan's per-call host time goes on the GPU: per-call times per backend, a cProfile of the
-slow ones, and the cost of the primitives a call is made of.
+"""Where a cached plan's per-call host time goes on the GPU: per-call times per backend (plan calls, and forward +
+backward through autograd), a cProfile of the slow ones, and the cost of the primitives a call is made of.
 Usage: python3 scripts/gpu/overhead_profile.py [CALLS] [--shape N,C,H,G] [--backends aten,cudnn,cuda,hip,auto]
 --shape (default 1,4,8,1: a 1x4x8x8 input, 3x3 filter, pad 1, G groups) times another square conv2d, e.g.
 1,32,112,32 for the suite's mbv2-dw3x3-b1 row."""
@@ -77,6 +77,27 @@ for name in ("cuda", "cudnn", "auto"):
         pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(22)
         print(f"===== cProfile {name} {what} (2000 calls)")
         print("\n".join(s.getvalue().splitlines()[:40]))
+
+# forward + backward through autograd, as a training step calls them (bench --overhead's "fwd+bwd autograd")
+xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
+t = per_call(lambda: F.conv2d(xg, wg, None, 1, 1, 1, g_).sum().backward(), 500)
+print(f"F.conv2d fwd+bwd autograd  {t:7.1f} us")
+for name in plans:
+    def fb(b=None if name == "auto" else name):
+        portconv.conv2d(xg, wg, None, 1, 1, 1, g_, backend=b).sum().backward()
+
+    print(f"{name:10s} fwd+bwd autograd {per_call(fb, 500):7.1f} us")
+    if name in ("cuda", "auto"):
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(2000):
+            fb()
+        pr.disable()
+        torch.cuda.synchronize()
+        s = io.StringIO()
+        pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(28)
+        print(f"===== cProfile {name} fwd+bwd autograd (2000 calls)")
+        print("\n".join(s.getvalue().splitlines()[:45]))
 
 # primitives
 import cupy  # noqa: E402
