@@ -61,22 +61,26 @@ for b in BACKENDS:
     print(f"{(b or 'auto') + '->' + str(p.backend):10s} plan.forward {f:7.1f} us  plan.backward(1,1,0) {g:7.1f} us  "
           f"conv2d {c:7.1f} us")
 
+def profile(title: str, fn, calls: int = 2000, rows: int = 28) -> None:
+    """A cProfile of ``calls`` calls of ``fn``, by own time."""
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(calls):
+        fn()
+    pr.disable()
+    torch.cuda.synchronize()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(rows)
+    print(f"===== cProfile {title} ({calls} calls)")
+    print("\n".join(s.getvalue().splitlines()[:rows + 17]))
+
+
 for name in ("cuda", "cudnn", "auto"):
     p = plans.get(name)
     if p is None:
         continue
-    for what, fn in (("forward", lambda p=p: p.forward(x, w, None)),
-                     ("backward", lambda p=p: p.backward(go, x, w, (True, True, False)))):
-        pr = cProfile.Profile()
-        pr.enable()
-        for _ in range(2000):
-            fn()
-        pr.disable()
-        torch.cuda.synchronize()
-        s = io.StringIO()
-        pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(22)
-        print(f"===== cProfile {name} {what} (2000 calls)")
-        print("\n".join(s.getvalue().splitlines()[:40]))
+    profile(f"{name} forward", lambda p=p: p.forward(x, w, None))
+    profile(f"{name} backward", lambda p=p: p.backward(go, x, w, (True, True, False)))
 
 # forward + backward through autograd, as a training step calls them (bench --overhead's "fwd+bwd autograd")
 xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
@@ -88,16 +92,7 @@ for name in plans:
 
     print(f"{name:10s} fwd+bwd autograd {per_call(fb, 500):7.1f} us")
     if name in ("cuda", "auto"):
-        pr = cProfile.Profile()
-        pr.enable()
-        for _ in range(2000):
-            fb()
-        pr.disable()
-        torch.cuda.synchronize()
-        s = io.StringIO()
-        pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(28)
-        print(f"===== cProfile {name} fwd+bwd autograd (2000 calls)")
-        print("\n".join(s.getvalue().splitlines()[:45]))
+        profile(f"{name} fwd+bwd autograd", fb)
 
 # primitives
 import cupy  # noqa: E402
