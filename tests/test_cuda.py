@@ -858,6 +858,34 @@ def test_forked_children_refuse_at_once(gpu, script):
     run_script(script, "FORK-OK")
 
 
+def test_new_threads_run_plans_in_the_devices_context(gpu):
+    """Note [ctypes toolchain]: a thread that never used CUDA loads and launches a new plan and runs a cached one
+    (the launcher makes the device's primary context current for the call and restores the thread's), with the
+    same numbers as the main thread."""
+    import threading
+
+    x, w, b, p = _make((2, 8, 9, 9), (8, 1, 3, 3), dict(padding=1, groups=8), "contig", torch.float32, gpu)
+    y = portconv.conv2d(x, w, b, padding=1, groups=8, backend="cuda")
+    got = {}
+
+    def worker():
+        try:
+            got["cached"] = portconv.conv2d(x, w, b, padding=1, groups=8, backend="cuda")
+            got["new"] = portconv.conv2d(x, w, b, padding=1, stride=2, groups=8, backend="cuda")
+        except Exception as e:  # noqa: BLE001 - reported by the main thread
+            got["error"] = e
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert "error" not in got, got.get("error")
+    torch.cuda.synchronize()
+    assert torch.equal(got["cached"], y)
+    ref = reference(x, w, b, ConvParams.make(2, weight_shape=w.shape, padding=1, stride=2, groups=8),
+                    torch.zeros(2, 8, 5, 5))
+    assert_close(got["new"], ref[0], torch.float32, "new plan in a new thread")
+
+
 def test_index64_variant(gpu):
     """The 64-bit-index build computes the same numbers (forced here on a small problem: options(index64=True))."""
     x, w, b, p = _make((2, 8, 9, 9), (8, 8, 3, 3), dict(padding=1), "contig", torch.float32, gpu)
