@@ -46,6 +46,7 @@ class Driver:
         _check(self.lib, "cuDriverGetVersion", self.lib.cuDriverGetVersion(ctypes.byref(v)))
         self.version = v.value  # 13000 for CUDA 13.0
         self._primary: dict[int, ctypes.c_void_p] = {}
+        self._cc: dict[int, int] = {}
         self._lock = threading.Lock()
         self._local = threading.local()
         self._get_current = self.lib.cuCtxGetCurrent
@@ -55,14 +56,21 @@ class Driver:
         _check(self.lib, "cuDeviceGetCount", self.lib.cuDeviceGetCount(ctypes.byref(n)))
         return n.value
 
+    def handle(self, device: int) -> int:
+        """The CUdevice of a device ordinal (the runtime's, torch's and CuPy's index)."""
+        dev = ctypes.c_int()
+        _check(self.lib, "cuDeviceGet", self.lib.cuDeviceGet(ctypes.byref(dev), device))
+        return dev.value
+
     def compute_capability(self, device: int) -> int:
-        """85 for 8.5: major * 10 + minor."""
-        major, minor = ctypes.c_int(), ctypes.c_int()
-        _check(self.lib, "cuDeviceGetAttribute", self.lib.cuDeviceGetAttribute(ctypes.byref(major), _ATTR_CC_MAJOR,
-                                                                               device))
-        _check(self.lib, "cuDeviceGetAttribute", self.lib.cuDeviceGetAttribute(ctypes.byref(minor), _ATTR_CC_MINOR,
-                                                                               device))
-        return major.value * 10 + minor.value
+        """85 for 8.5: major * 10 + minor (asked once a device)."""
+        cc = self._cc.get(device)
+        if cc is None:
+            dev, major, minor = self.handle(device), ctypes.c_int(), ctypes.c_int()
+            for out, attr in ((major, _ATTR_CC_MAJOR), (minor, _ATTR_CC_MINOR)):
+                _check(self.lib, "cuDeviceGetAttribute", self.lib.cuDeviceGetAttribute(ctypes.byref(out), attr, dev))
+            cc = self._cc[device] = major.value * 10 + minor.value
+        return cc
 
     def primary(self, device: int) -> int:
         """The device's primary context (retained once, for the process's life)."""
@@ -73,7 +81,7 @@ class Driver:
                 if ctx is None:
                     ctx = ctypes.c_void_p()
                     _check(self.lib, "cuDevicePrimaryCtxRetain",
-                           self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device))
+                           self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), self.handle(device)))
                     self._primary[device] = ctx
         return ctx.value
 
