@@ -557,10 +557,10 @@ def test_executable_binds_this_calls_addresses(knob_env):
 
 class _FakeDriver:
     """What runtime.Loader asks of the driver (Note [ctypes toolchain]), on a machine without one: a device of
-    compute capability ``cc`` whose context is current."""
+    compute capability ``cc`` whose primary context is 0xC0, and this thread's current context (``ctx``)."""
 
-    def __init__(self, cc: str):
-        self.cc = int(cc)
+    def __init__(self, cc: str, ctx: int | None = 0xC0):
+        self.cc, self.ctx, self.switches = int(cc), ctx, []
 
     def compute_capability(self, device):
         return self.cc
@@ -569,14 +569,24 @@ class _FakeDriver:
         return 0xC0
 
     def current(self):
-        return 0xC0
+        return self.ctx
+
+    def make_current(self, device):
+        old, self.ctx = self.ctx, 0xC0
+        self.switches.append(("make_current", device, old))
+        return old
+
+    def restore(self, old):
+        self.switches.append(("restore", old))
+        self.ctx = old
 
 
 @pytest.mark.parametrize("cc,pdl,ex", [("90", "1", True), ("90", "0", False), ("80", "1", False)])
 def test_loader_launches_dependent_finalizes_with_pdl_on_sm90(cc, pdl, ex, monkeypatch, knob_env):
     """Note [dependent launch]: the Loader gives a dependent Launch cuLaunchKernelEx's programmatic-serialization
     head on sm_90+ unless PORTCONV_CUDA_PDL=0, every other launch cuLaunchKernel's; the driver gets the caller's
-    stream and the patched block."""
+    stream and the patched block, in the device's primary context (Note [ctypes toolchain]: made current for the
+    call where the thread has another or none, and the thread's restored after)."""
     knob_env("PORTCONV_CUDA_PDL", pdl)
     calls = []
 
@@ -585,6 +595,7 @@ def test_loader_launches_dependent_finalizes_with_pdl_on_sm90(cc, pdl, ex, monke
         head, head_ex = staticmethod(runtime.DriverLaunch.head), staticmethod(runtime.DriverLaunch.head_ex)
 
         def __call__(self, head, block_args, stream, device):
+            assert nv.ctx == 0xC0, "launched outside the device's primary context"
             calls.append((head[0] == "ex", stream, block_args[0]))
 
     class Kernels:
@@ -605,12 +616,19 @@ def test_loader_launches_dependent_finalizes_with_pdl_on_sm90(cc, pdl, ex, monke
 
     from portconv.backends.simt import nvidia
 
-    monkeypatch.setattr(nvidia, "driver", lambda: _FakeDriver(cc))
+    nv = _FakeDriver(cc)
+    monkeypatch.setattr(nvidia, "driver", lambda: nv)
     monkeypatch.setattr(runtime, "_driver", Driver())
     run = CpuLoader(Kernels(), "torch").load(_fake_program(), None)
     monkeypatch.setattr(run, "ptr", lambda t: t.addr)
     run({"input": _Addr(0x500), "weight": _Addr(0x600), "bias": _Addr(0x700)})
-    assert calls == [(False, 42, 0x500), (ex, 42, 0)]
+    assert calls == [(False, 42, 0x500), (ex, 42, 0)] and nv.switches == []
+    for other in (0xAA, None):  # another device's context, or none: the device's for the call, the thread's after
+        calls.clear()
+        nv.ctx = other
+        run({"input": _Addr(0x500), "weight": _Addr(0x600), "bias": _Addr(0x700)})
+        assert calls == [(False, 42, 0x500), (ex, 42, 0)]
+        assert nv.switches[-2:] == [("make_current", 0, other), ("restore", other)] and nv.ctx == other
 
 
 def test_launch_config_matches_the_driver_abi():
