@@ -4,9 +4,10 @@ Note [ctypes toolchain]: on NVIDIA the cuda set (and the hip set through its NVI
 loads modules and launches through libcuda, both by ctypes: a plan on torch tensors never imports CuPy (0.15-0.2 s
 of a process's first step) and needs no CuPy installed. CuPy is only the memory and streams of CuPy arrays, and the
 whole runtime on AMD (hiprtc and HIP through CuPy for ROCm). libnvrtc is looked for where torch's and CuPy's wheels
-put it (nvidia/cu13/lib, nvidia/cuda_nvrtc/lib), then under CUDA_PATH / CUDA_HOME and the loader's own path; of those
-found, the newest whose CUDA major the driver runs. Modules load into the device's primary context, the one the CUDA
-runtime (torch, CuPy) uses, made current for the load and restored after.
+put it (nvidia/cu13/lib, nvidia/cuda_nvrtc/lib), then under CUDA_PATH / CUDA_HOME, /usr/local/cuda and the loader's
+own path, and only where none of those has one, where cuda-pathfinder finds it; of those found, the newest whose
+CUDA major the driver runs. Modules load into the device's primary context, the one the CUDA runtime (torch, CuPy)
+uses, made current for the load and restored after.
 """
 from __future__ import annotations
 
@@ -206,7 +207,21 @@ def nvrtc_candidates() -> list[str]:
     found = [p for r in roots for p in sorted(glob.glob(os.path.join(r, "libnvrtc.so.*")))
              if re.fullmatch(r"libnvrtc\.so\.\d+(\.\d+)*", os.path.basename(p))]
     named = ctypes.util.find_library("nvrtc")
-    return list(dict.fromkeys(found + ([named] if named else [])))
+    return list(dict.fromkeys(found + ([named] if named else []) + ([] if found or named else _pathfinder())))
+
+
+def _pathfinder() -> list[str]:
+    """Where NVIDIA's cuda-pathfinder (CuPy 14's finder: conda environments and more) finds libnvrtc, if it is
+    installed."""
+    try:
+        from cuda import pathfinder
+    except ImportError:
+        return []
+    try:
+        path = pathfinder.load_nvidia_dynamic_lib("nvrtc").abs_path
+    except Exception:  # noqa: BLE001 - any failure of an optional finder means it found nothing
+        return []
+    return [path] if path else []
 
 
 def pick_nvrtc(paths: list[str], driver_major: int | None) -> str | None:
