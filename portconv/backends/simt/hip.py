@@ -162,8 +162,8 @@ class HipBackend(base.SimtBackend):
             return Availability.no(str(e))
         if not amd:
             ok, text = nvidia.availability()
-            if not ok:
-                return Availability.no(text)
+            if not ok:  # neither an NVIDIA GPU nor, as far as torch and CuPy tell, an AMD one
+                return Availability.no(f"{text}; for AMD GPUs: {PIP_HINT}")
             return Availability.yes(f"HIP-on-NVIDIA: {text}; the hip/ sources compile through hip/prelude_nvidia.h")
         try:
             cupy = compile.import_cupy(self.pip_hint)
