@@ -202,12 +202,12 @@ class Loader:
         self.kernels, self.memory = kernels, memory
         amd = kernels.platform == "amd"
         self.cupy = import_cupy(kernels.pip_hint) if memory == "cupy" or amd else None
-        self.driver = None if amd else driver_launch()
-        self.nv = None
-        if self.driver is not None:
+        self.driver = self.nv = None
+        if not amd:
             from . import nvidia
 
-            self.nv = nvidia.driver()
+            self.nv = nvidia.driver()  # VendorImportError where libcuda cannot be loaded
+            self.driver = driver_launch()
         if memory == "torch":
             import torch
 
