@@ -133,10 +133,10 @@ def test_a_process_ends_without_waiting_for_compiles_ahead(tmp_path):
 def test_hiprtc_on_amd_compiles_inline():
     """Note [compile ahead]: concurrent hiprtc compiles never ran here (no AMD GPU), so the AMD HIP set starts none;
     HIP-on-NVIDIA compiles with NVRTC and does."""
-    from portconv.backends.simt.hip import HipKernelSet
+    from portconv.backends.simt.hip import kernel_set
 
-    assert HipKernelSet("amd").ahead is False and HipKernelSet("nvidia").ahead is True
-    amd = HipKernelSet("amd")
+    assert kernel_set("amd").ahead is False and kernel_set("nvidia").ahead is True
+    amd = kernel_set("amd")
     amd.prefetch([_module("0")], 0)  # returns before asking the device anything
     assert amd._ahead == {}
 

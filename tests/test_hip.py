@@ -167,7 +167,7 @@ def test_compile_options_per_platform():
 @pytest.mark.parametrize("platform", ["amd", "nvidia"])
 def test_kernel_set_compiles_the_hip_entries_over_the_cuda_bodies(platform):
     BODY = {"direct": "conv_direct.cuh", "depthwise": "conv_depthwise.cuh", "implicit_gemm": "conv_igemm.cuh"}
-    ks = hip.HipKernelSet(platform)
+    ks = hip.kernel_set(platform)
     for alg, entry in hip.MODULES.items():
         text = ks.text(entry)
         assert f'#line 1 "{entry}"' in text and '#line 1 "prelude_hip.h"' in text

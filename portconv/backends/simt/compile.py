@@ -228,27 +228,29 @@ class KernelSet:
     # the parts a vendor overrides: NVRTC and the driver through ctypes (Note [ctypes toolchain]) -----------------
     platform = "nvidia"
 
-    def compiler_version(self) -> str:
+    @staticmethod
+    def _nvrtc():
+        """The NVRTC of this driver (Note [ctypes toolchain])."""
         from . import nvidia
 
-        return ".".join(map(str, nvidia.nvrtc(nvidia.driver().version).version))
+        return nvidia.nvrtc(nvidia.driver().version)
+
+    def compiler_version(self) -> str:
+        return ".".join(map(str, self._nvrtc().version))
 
     def arch_options(self, device: int) -> tuple[str, tuple[str, ...], str]:
         """(arch name, arch options, binary kind) for a device: a cubin where NVRTC knows the arch, else PTX."""
         from . import nvidia
 
-        drv = nvidia.driver()
-        cc = drv.compute_capability(device)
-        supported = nvidia.nvrtc(drv.version).archs()
+        cc = nvidia.driver().compute_capability(device)
+        supported = self._nvrtc().archs()
         if cc in supported:
             return f"sm_{cc}", (f"-arch=sm_{cc}",), "cubin"
         best = max([a for a in supported if a <= cc] or supported[:1])
         return f"sm_{cc}", (f"-arch=compute_{best}",), "ptx"
 
     def build(self, text: str, name: str, options: tuple[str, ...], kind: str) -> bytes:
-        from . import nvidia
-
-        rc, log, code = nvidia.nvrtc(nvidia.driver().version).compile(text, name, list(options), kind)
+        rc, log, code = self._nvrtc().compile(text, name, list(options), kind)
         if rc:
             raise RuntimeError(f"{self.compiler} failed to compile {name} {' '.join(options)}:\n{log}")
         return code

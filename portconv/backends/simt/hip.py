@@ -68,22 +68,30 @@ def mode(device: DeviceInfo) -> str:
 
 
 class HipKernelSet(compile.KernelSet):
-    """hip/ entry files over the shared bodies of cuda/, compiled by hiprtc (AMD) or NVRTC (NVIDIA)."""
+    """hip/ entry files over the shared bodies of cuda/, compiled by NVRTC on NVIDIA through hip/prelude_nvidia.h
+    (the simt set's ctypes toolchain, Note [ctypes toolchain]); RocmKernelSet is the AMD one."""
 
-    vendor = "hip"
+    platform = "nvidia"
+    compiler = "nvrtc"
 
-    def __init__(self, platform: str, wave: int | None = None):
+    def __init__(self, wave: int | None = None):
         super().__init__(folders=[sources.folder("hip"), sources.folder("cuda")], options=(), pip_hint=PIP_HINT)
-        self.platform = platform
         self.wave = wave  # None: the device's own wavefront (AMD) or 32 (NVIDIA)
-        self.compiler = "hiprtc" if platform == "amd" else "nvrtc"
-        self.ahead = platform != "amd"  # Note [compile ahead]: NVRTC's threads only
-        self.vendor = f"hip-{platform}"
+        self.vendor = f"hip-{self.platform}"
 
     def arch_options(self, device: int) -> tuple[str, tuple[str, ...], str]:
-        if self.platform == "nvidia":  # NVRTC and the driver through ctypes (Note [ctypes toolchain])
-            arch, opts, kind = super().arch_options(device)
-            return arch, compile_options("nvidia", self.wave or 32) + opts, kind
+        arch, opts, kind = super().arch_options(device)
+        return arch, compile_options("nvidia", self.wave or 32) + opts, kind
+
+
+class RocmKernelSet(HipKernelSet):
+    """The hip set on AMD: hiprtc and the HIP runtime through CuPy for ROCm (its cupy.cuda.nvrtc is hiprtc)."""
+
+    platform = "amd"
+    compiler = "hiprtc"
+    ahead = False  # Note [compile ahead]: concurrent hiprtc compiles never ran here
+
+    def arch_options(self, device: int) -> tuple[str, tuple[str, ...], str]:
         cupy = compile.import_cupy(self.pip_hint)
         props = cupy.cuda.runtime.getDeviceProperties(device)
         target = props["gcnArchName"]
@@ -92,15 +100,10 @@ class HipKernelSet(compile.KernelSet):
         opts = compile_options("amd", wave, int(cupy.cuda.runtime.runtimeGetVersion()))
         return target, opts + (f"--offload-arch={target}", *_rocm_includes()), "hsaco"  # getPTX returns the code
 
-    # on AMD: hiprtc and the HIP runtime through CuPy for ROCm (its cupy.cuda.nvrtc is hiprtc)
     def compiler_version(self) -> str:
-        if self.platform == "nvidia":
-            return super().compiler_version()
         return ".".join(map(str, compile.import_cupy(self.pip_hint).cuda.nvrtc.getVersion()))
 
     def build(self, text: str, name: str, options: tuple[str, ...], kind: str) -> bytes:
-        if self.platform == "nvidia":
-            return super().build(text, name, options, kind)
         rtc = compile.import_cupy(self.pip_hint).cuda.nvrtc
         prog = rtc.createProgram(text, name, [], [])
         try:
@@ -114,13 +117,16 @@ class HipKernelSet(compile.KernelSet):
             rtc.destroyProgram(prog)
 
     def load_binary(self, binary: bytes, device: int):
-        if self.platform == "nvidia":
-            return super().load_binary(binary, device)
         cupy = compile.import_cupy(self.pip_hint)
         with cupy.cuda.Device(device):
             mod = cupy.cuda.function.Module()
             mod.load(binary)
         return mod
+
+
+def kernel_set(platform: str, wave: int | None = None) -> HipKernelSet:
+    """The hip set of a platform ('amd' or 'nvidia')."""
+    return (RocmKernelSet if platform == "amd" else HipKernelSet)(wave)
 
 
 def _rocm_includes() -> tuple[str, ...]:
@@ -152,7 +158,7 @@ class HipBackend(base.SimtBackend):
 
     def kernels(self) -> HipKernelSet:
         if self._kernels is None:
-            self._kernels = HipKernelSet(self.platform(), self.wave)
+            self._kernels = kernel_set(self.platform(), self.wave)
         return self._kernels
 
     def probe(self) -> Availability:

@@ -26,7 +26,8 @@ NVRTC_PIP_HINT = ("pip install nvidia-cuda-nvrtc  (CUDA 13; nvidia-cuda-nvrtc-cu
 _ATTR_CC_MAJOR, _ATTR_CC_MINOR = 75, 76  # CUdevice_attribute
 
 
-def _check(lib, what: str, rc: int) -> None:
+def check(lib, what: str, rc: int) -> None:
+    """Raise RuntimeError naming ``what`` and the driver's error name where ``rc`` (a CUresult) is not 0."""
     if rc:
         name = ctypes.c_char_p()
         lib.cuGetErrorName(rc, ctypes.byref(name))
@@ -34,7 +35,7 @@ def _check(lib, what: str, rc: int) -> None:
 
 
 class Driver:
-    """libcuda's module, context and attribute calls (launches: runtime.DriverLaunch)."""
+    """libcuda's module, context and attribute calls (launches: runtime.DriverLaunch, on this ``lib``)."""
 
     def __init__(self):
         FORK.use("cuda/hip backends")
@@ -42,9 +43,9 @@ class Driver:
             self.lib = ctypes.CDLL("libcuda.so.1")
         except OSError as e:
             raise VendorImportError(f"the NVIDIA driver (libcuda.so.1) cannot be loaded: {e}") from e
-        _check(self.lib, "cuInit", self.lib.cuInit(0))
+        check(self.lib, "cuInit", self.lib.cuInit(0))
         v = ctypes.c_int()
-        _check(self.lib, "cuDriverGetVersion", self.lib.cuDriverGetVersion(ctypes.byref(v)))
+        check(self.lib, "cuDriverGetVersion", self.lib.cuDriverGetVersion(ctypes.byref(v)))
         self.version = v.value  # 13000 for CUDA 13.0
         self._primary: dict[int, ctypes.c_void_p] = {}
         self._cc: dict[int, int] = {}
@@ -54,13 +55,13 @@ class Driver:
 
     def device_count(self) -> int:
         n = ctypes.c_int()
-        _check(self.lib, "cuDeviceGetCount", self.lib.cuDeviceGetCount(ctypes.byref(n)))
+        check(self.lib, "cuDeviceGetCount", self.lib.cuDeviceGetCount(ctypes.byref(n)))
         return n.value
 
     def handle(self, device: int) -> int:
         """The CUdevice of a device ordinal (the runtime's, torch's and CuPy's index)."""
         dev = ctypes.c_int()
-        _check(self.lib, "cuDeviceGet", self.lib.cuDeviceGet(ctypes.byref(dev), device))
+        check(self.lib, "cuDeviceGet", self.lib.cuDeviceGet(ctypes.byref(dev), device))
         return dev.value
 
     def compute_capability(self, device: int) -> int:
@@ -69,7 +70,7 @@ class Driver:
         if cc is None:
             dev, major, minor = self.handle(device), ctypes.c_int(), ctypes.c_int()
             for out, attr in ((major, _ATTR_CC_MAJOR), (minor, _ATTR_CC_MINOR)):
-                _check(self.lib, "cuDeviceGetAttribute", self.lib.cuDeviceGetAttribute(ctypes.byref(out), attr, dev))
+                check(self.lib, "cuDeviceGetAttribute", self.lib.cuDeviceGetAttribute(ctypes.byref(out), attr, dev))
             cc = self._cc[device] = major.value * 10 + minor.value
         return cc
 
@@ -81,7 +82,7 @@ class Driver:
                 ctx = self._primary.get(device)
                 if ctx is None:
                     ctx = ctypes.c_void_p()
-                    _check(self.lib, "cuDevicePrimaryCtxRetain",
+                    check(self.lib, "cuDevicePrimaryCtxRetain",
                            self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), self.handle(device)))
                     self._primary[device] = ctx
         return ctx.value
@@ -94,7 +95,7 @@ class Driver:
             ctx = local.ctx = ctypes.c_void_p()
         rc = self._get_current(ctypes.byref(ctx))
         if rc:
-            _check(self.lib, "cuCtxGetCurrent", rc)
+            check(self.lib, "cuCtxGetCurrent", rc)
         return ctx.value
 
     def make_current(self, device: int) -> int | None:
@@ -102,19 +103,19 @@ class Driver:
         old = self.current()
         ctx = self.primary(device)
         if old != ctx:
-            _check(self.lib, "cuCtxSetCurrent", self.lib.cuCtxSetCurrent(ctypes.c_void_p(ctx)))
+            check(self.lib, "cuCtxSetCurrent", self.lib.cuCtxSetCurrent(ctypes.c_void_p(ctx)))
         return old
 
     def restore(self, old: int | None) -> None:
         if old != self.current():
-            _check(self.lib, "cuCtxSetCurrent", self.lib.cuCtxSetCurrent(ctypes.c_void_p(old)))
+            check(self.lib, "cuCtxSetCurrent", self.lib.cuCtxSetCurrent(ctypes.c_void_p(old)))
 
     def load(self, binary: bytes, device: int) -> Module:
         """A cubin or (NUL-terminated) PTX image loaded into ``device``'s primary context."""
         old = self.make_current(device)
         try:
             mod = ctypes.c_void_p()
-            _check(self.lib, "cuModuleLoadData", self.lib.cuModuleLoadData(ctypes.byref(mod), binary))
+            check(self.lib, "cuModuleLoadData", self.lib.cuModuleLoadData(ctypes.byref(mod), binary))
         finally:
             self.restore(old)
         return Module(self.lib, mod.value)
@@ -137,7 +138,7 @@ class Module:
 
     def get_function(self, name: str) -> Function:
         fn = ctypes.c_void_p()
-        _check(self.lib, f"cuModuleGetFunction({name})",
+        check(self.lib, f"cuModuleGetFunction({name})",
                self.lib.cuModuleGetFunction(ctypes.byref(fn), ctypes.c_void_p(self.handle), name.encode()))
         return Function(fn.value)
 
@@ -154,6 +155,7 @@ class Nvrtc:
         major, minor = ctypes.c_int(), ctypes.c_int()
         self._ok(self.lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "nvrtcVersion")
         self.version = (major.value, minor.value)
+        self._archs: list[int] | None = None
 
     def _ok(self, rc: int, what: str) -> None:
         if rc:
@@ -161,11 +163,14 @@ class Nvrtc:
             raise RuntimeError(f"{what} failed: {self.lib.nvrtcGetErrorString(rc).decode()} ({rc})")
 
     def archs(self) -> list[int]:
-        n = ctypes.c_int()
-        self._ok(self.lib.nvrtcGetNumSupportedArchs(ctypes.byref(n)), "nvrtcGetNumSupportedArchs")
-        out = (ctypes.c_int * n.value)()
-        self._ok(self.lib.nvrtcGetSupportedArchs(out), "nvrtcGetSupportedArchs")
-        return sorted(out)
+        """The architectures this NVRTC builds for (asked once)."""
+        if self._archs is None:
+            n = ctypes.c_int()
+            self._ok(self.lib.nvrtcGetNumSupportedArchs(ctypes.byref(n)), "nvrtcGetNumSupportedArchs")
+            out = (ctypes.c_int * n.value)()
+            self._ok(self.lib.nvrtcGetSupportedArchs(out), "nvrtcGetSupportedArchs")
+            self._archs = sorted(out)
+        return self._archs
 
     def compile(self, text: str, name: str, options: list[str], kind: str = "cubin") -> tuple[int, str, bytes]:
         """(NVRTC's return code, its log, the cubin or NUL-terminated PTX; empty where the build failed)."""

@@ -29,8 +29,10 @@ import numpy as np
 
 from ... import knobs
 from ...device import DeviceInfo, torch_cuda
+from ...errors import VendorImportError
 from ...problem import Layout
 from ..program import Buffer, Launch, Program
+from . import nvidia
 from .compile import FORK, import_cupy, is_hip
 from .view import ARG_COUNT
 
@@ -52,14 +54,12 @@ class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
 class DriverLaunch:
     """cuLaunchKernel (and cuLaunchKernelEx) from libcuda, for kernels whose one parameter is the argument block."""
 
-    def __init__(self):
-        lib = ctypes.CDLL("libcuda.so.1")
+    def __init__(self, lib):
+        self.lib = lib  # nvidia.Driver's libcuda
         self._launch = lib.cuLaunchKernel
         self._launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 6 + [ctypes.c_uint, ctypes.c_void_p,
                                                                             ctypes.c_void_p, ctypes.c_void_p]
         self._launch.restype = ctypes.c_int
-        self._name = lib.cuGetErrorName
-        self._name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
         self._launch_ex = getattr(lib, "cuLaunchKernelEx", None)  # CUDA 12.0 drivers and newer
         if self._launch_ex is not None:
             self._launch_ex.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p,
@@ -92,15 +92,11 @@ class DriverLaunch:
         pp = ctypes.byref(ctypes.c_void_p(ctypes.addressof(block_args)))
         err = self._go(head, stream, pp)
         if err == _CUDA_ERROR_INVALID_CONTEXT:  # a thread that never made the device's context current
-            from . import nvidia
-
             nvidia.driver().make_current(device)
             err = self._go(head, stream, pp)
         if err:
-            name = ctypes.c_char_p()
-            self._name(err, ctypes.byref(name))
             what = "cuLaunchKernelEx (Note [dependent launch])" if head[0] == "ex" else "cuLaunchKernel"
-            raise RuntimeError(f"{what} failed: {(name.value or b'?').decode()} ({err})")
+            nvidia.check(self.lib, what, err)
 
 
 _driver: DriverLaunch | bool | None = None
@@ -108,14 +104,14 @@ _driver_lock = threading.Lock()
 
 
 def driver_launch() -> DriverLaunch | None:
-    """The CUDA driver's launch, or None where libcuda cannot be loaded."""
+    """The CUDA driver's launch (on nvidia.driver()'s libcuda), or None where libcuda cannot be loaded."""
     global _driver
     if _driver is None:
         with _driver_lock:
             if _driver is None:
                 try:
-                    _driver = DriverLaunch()
-                except (OSError, AttributeError):
+                    _driver = DriverLaunch(nvidia.driver().lib)
+                except (VendorImportError, RuntimeError, AttributeError):  # no libcuda, or no usable device
                     _driver = False
     return _driver or None
 
@@ -204,8 +200,6 @@ class Loader:
         self.cupy = import_cupy(kernels.pip_hint) if memory == "cupy" or amd else None
         self.driver = self.nv = None
         if not amd:
-            from . import nvidia
-
             self.nv = nvidia.driver()  # VendorImportError where libcuda cannot be loaded
             self.driver = driver_launch()
         if memory == "torch":
