@@ -36,6 +36,7 @@ CUDA_DIR = ROOT / "cuda"
 EMU_DIR = pathlib.Path(__file__).resolve().parent / "cuda_emu"
 ENTRIES = sorted(p.name for p in CUDA_DIR.glob("*.cu"))
 ARCHS = ("sm_80", "sm_90")
+SM80_DTYPES = (0, 3)  # float32, bfloat16
 
 
 def _nvcc() -> str | None:
@@ -67,7 +68,10 @@ def test_nvcc_builds_every_kernel(nvcc):
     """Every entry, dtype and arch (plus 64-bit indexing) compiles to a cubin with no warning.
 
     Register spills are a performance matter (issue 5's), not wrong code, so they are not failures here."""
-    jobs = [(e, a, {"PC_DTYPE": dt, "PC_INDEX64": 0}) for e in ENTRIES for a in ARCHS for dt in range(4)]
+    # sm_80 and sm_90 builds differ only where prelude.cuh tests __CUDA_ARCH__ >= 900 (the dependent-launch wait);
+    # the dtype paths are arch-independent: sm_90 builds every dtype, sm_80 float32 and bfloat16 (CI time)
+    jobs = [(e, a, {"PC_DTYPE": dt, "PC_INDEX64": 0}) for e in ENTRIES for a in ARCHS
+            for dt in (range(4) if a == "sm_90" else SM80_DTYPES)]
     jobs += [(e, "sm_90", {"PC_DTYPE": 0, "PC_INDEX64": 1}) for e in ENTRIES]
     # the tensor-core tiles (Note [tensor-core implicit GEMM]): float32 (TF32), float16, bfloat16, every tile
     tc = [{"PC_TENSOR_CORES": 1, "PC_TC_BM": bm, "PC_TC_BN": bn, "PC_TC_WM": wm}
@@ -87,7 +91,7 @@ def test_nvcc_builds_every_kernel(nvcc):
     failures = [f"{cmd}\n{err}" for cmd, rc, err in results if rc != 0 or "warning" in err.lower()]
     assert not failures, "\n\n".join(failures)
     assert ks == [1]
-    assert len(results) == (len(ENTRIES) * (len(ARCHS) * 4 + 1) + 3 * (len(tc) + len(ARCHS) - 1) + 1 + 4 * len(ks)
+    assert len(results) == (len(ENTRIES) * (4 + len(SM80_DTYPES) + 1) + 3 * (len(tc) + len(ARCHS) - 1) + 1 + 4 * len(ks)
                             + 3)
 
 
