@@ -11,6 +11,8 @@ import time
 
 import torch
 import torch.nn.functional as F
+from torch.profiler import ProfilerActivity
+from torch.profiler import profile as tprofile
 
 import portconv
 
@@ -82,17 +84,88 @@ for name in ("cuda", "cudnn", "auto"):
     profile(f"{name} forward", lambda p=p: p.forward(x, w, None))
     profile(f"{name} backward", lambda p=p: p.backward(go, x, w, (True, True, False)))
 
-# forward + backward through autograd, as a training step calls them (bench --overhead's "fwd+bwd autograd")
+# forward + backward through autograd, as a training step calls them (bench --overhead's "fwd+bwd autograd"), in
+# interleaved rounds beside the floor of any Python autograd.Function: one that runs F.conv2d and ATen's backward
+# (what a Function costs over PyTorch's own node) and one that runs the plan's forward and backward (the plan's
+# kernels behind the leanest Function), then portconv's calls and a converted module against torch.nn's.
 xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
-t = per_call(lambda: F.conv2d(xg, wg, None, 1, 1, 1, g_).sum().backward(), 500)
-print(f"F.conv2d fwd+bwd autograd  {t:7.1f} us")
-for name in plans:
-    def fb(b=None if name == "auto" else name):
-        portconv.conv2d(xg, wg, None, 1, 1, 1, g_, backend=b).sum().backward()
+bw_args = ([1, 1], [1, 1], [1, 1], False, [0, 0], g_)
 
-    print(f"{name:10s} fwd+bwd autograd {per_call(fb, 500):7.1f} us")
-    if name in ("cuda", "auto"):
-        profile(f"{name} fwd+bwd autograd", fb)
+
+class AtenFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return F.conv2d(x, w, None, 1, 1, 1, g_)
+
+    @staticmethod
+    def backward(ctx, go):
+        x, w = ctx.saved_tensors
+        return bw(go, x, w, None, *bw_args, [True, True, False])[:2]
+
+
+class PlanFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, p):
+        ctx.save_for_backward(x, w)
+        ctx.p = p
+        return p.forward(x, w, None)
+
+    @staticmethod
+    def backward(ctx, go):
+        x, w = ctx.saved_tensors
+        return (*ctx.p.backward(go, x, w, (True, True, False))[:2], None)
+
+
+tmod = torch.nn.Conv2d(c_, c_, 3, padding=1, groups=g_, bias=False).to(dev)
+ladder = {"F.conv2d": lambda: F.conv2d(xg, wg, None, 1, 1, 1, g_).sum().backward(),
+          "torch.nn.Conv2d": lambda: tmod(xg).sum().backward(),
+          "Function(F.conv2d, ATen bwd)": lambda: AtenFunction.apply(xg, wg).sum().backward()}
+for name, p in plans.items():
+    b = None if name == "auto" else name
+    if not p.aten_autograd:
+        ladder[f"Function(plan {name})"] = lambda p=p: PlanFunction.apply(xg, wg, p).sum().backward()
+    ladder[f"portconv.conv2d {name}"] = lambda b=b: portconv.conv2d(xg, wg, None, 1, 1, 1, g_, backend=b).sum(
+        ).backward()
+    m = portconv.convert(torch.nn.Conv2d(c_, c_, 3, padding=1, groups=g_, bias=False), backend=b).to(dev)
+    ladder[f"convert(Conv2d) {name}"] = lambda m=m: m(xg).sum().backward()
+times = {k: [] for k in ladder}
+for fn in ladder.values():
+    per_call(fn, 100)
+for _ in range(11):
+    for k, fn in ladder.items():
+        times[k].append(per_call(fn, 200))
+print("forward + backward through autograd, median of 11 interleaved rounds (each the best of 5 x 200 calls):")
+base = sorted(times["F.conv2d"])[5]
+for k, v in times.items():
+    med = sorted(v)[5]
+    print(f"  {k:34s} {med:7.1f} us  {med - base:+7.1f} us")
+for name in ("cuda", "auto"):
+    if name in plans:
+        b = None if name == "auto" else name
+        profile(f"{name} fwd+bwd autograd", lambda b=b: portconv.conv2d(xg, wg, None, 1, 1, 1, g_, backend=b).sum(
+            ).backward())
+
+# the GPU's side of one forward + backward: is a call bound by the host or by its kernels?
+for name in ["torch"] + list(plans):
+    def fb(b=None if name == "auto" else name):
+        if b == "torch":
+            F.conv2d(xg, wg, None, 1, 1, 1, g_).sum().backward()
+        else:
+            portconv.conv2d(xg, wg, None, 1, 1, 1, g_, backend=b).sum().backward()
+
+    for _ in range(20):
+        fb()
+    torch.cuda.synchronize()
+    with tprofile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(100):
+            fb()
+        torch.cuda.synchronize()
+    ev = [e for e in prof.key_averages() if e.device_time_total > 0 and e.count >= 100]
+    gpu = sum(e.self_device_time_total for e in prof.key_averages()) / 100
+    print(f"===== GPU kernels of {name} fwd+bwd autograd: {gpu:.1f} us of device time a call")
+    for e in sorted(ev, key=lambda e: -e.self_device_time_total)[:12]:
+        print(f"  {e.count // 100:3d}x {e.self_device_time_total / e.count:8.2f} us  {e.key[:90]}")
 
 # primitives
 import cupy  # noqa: E402
