@@ -37,6 +37,9 @@
 #ifndef PC_DWB_VH
 #define PC_DWB_VH 8 /* output rows a thread */
 #endif
+#ifndef PC_DWB_CLIP
+#define PC_DWB_CLIP 0 /* Note [bands columns]: bit 1 the forward, bit 2 backward-data walk the inside columns only */
+#endif
 
 /* e / d for 0 <= e < 2**22 (a block's staged elements) from r = 1.0f / d: (e + 0.5) / d is at least 0.5 / d from an
  * integer and the float product errs by under (e + 0.5) * 2**-23 / d, so the floor is exact (no integer division). */
@@ -55,6 +58,20 @@ PC_DEVICE pc_dwb_axis pc_dwb_axis_of(int flip, pc_idx Y, pc_idx X, pc_idx R, pc_
     if (flip == 1) return {X, R, (R - 1) * DL - P, R - 1, -1, 1, 0};
     const pc_idx rmax = (R - 1) - (((R - 1 - ph - P) % 2) + 2) % 2; /* the last tap of the phase's parity */
     return {(X - ph + 1) / 2, rmax >= 0 ? rmax / 2 + 1 : 0, (rmax - ph - P) / 2, rmax, -2, 2, ph};
+}
+
+/* Note [bands columns]: a thread walks only the filter columns r2 whose source column o2 S2 - p + r2 DL2 lies inside
+ * the source (the staged zeros outside add nothing to a finite sum), r2 = lo .. lo + n - 1. Where a plane is
+ * narrower than the filter's reach (13x13 filters on 7x7 planes) every output column has n = the plane's width, so a
+ * warp's threads walk in step and the products fall by that fraction. The host sets PC_DWB_CLIP for a direction
+ * only where no output column reaches every filter column (dwbands.dwb_clips): elsewhere the walk over all R2
+ * columns, uniform across the warp, measured faster. */
+PC_DEVICE void pc_dwb_cols(pc_idx base, pc_idx src, pc_idx dl, pc_idx R2, pc_idx &lo, pc_idx &n) {
+    /* tap r2 reads source column r2 dl - base: inside for base <= r2 dl < base + src */
+    lo = base > 0 ? (base + dl - 1) / dl : 0;
+    const pc_idx hi = base + src > 0 ? (base + src + dl - 1) / dl : 0;
+    n = (hi < R2 ? hi : R2) - lo;
+    if (n < 0) n = 0;
 }
 
 /* Note [bands phases]: backward-data at stride 2 (dilation 1) is four stride-1 correlations over dY, one per parity
@@ -114,8 +131,10 @@ PC_DEVICE void pc_dw_bands(const pc_conv_args &a) {
     pc_acc_t acc[VH];
 #pragma unroll
     for (int v = 0; v < VH; ++v) acc[v] = 0;
+    pc_idx r2lo = 0, n2 = R2; /* Note [bands columns] */
+    if ((PC_DWB_CLIP & (FLIP ? 2 : 1)) != 0) pc_dwb_cols(A2.p - o2 * S2, Src2, DL2, R2, r2lo, n2);
     for (pc_idx r1c = 0; r1c < R1c; r1c += CH) {
-        for (pc_idx r2 = 0; r2 < R2; ++r2) {
+        for (pc_idx r2 = r2lo; r2 < r2lo + n2; ++r2) {
             const pc_acc_t *col = col0 + r1c * cols + r2 * DL2;
             pc_acc_t wv[CH], win[WIN];
 #pragma unroll

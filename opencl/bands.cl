@@ -12,8 +12,9 @@
  * d.KG, offsets d.xo, d.wo, d.yo, d.bo.
  *
  * Defines (host): the dtype, optional IDX64, DEPTHWISE, BANDS_VH, BANDS_CH (forward, stride-1 backward-data),
- * BANDS_CHP (the stride-2 phases), BANDS_TW (weight taps a work-item), BANDS_BYTES (bytes of a group's local array:
- * the view's largest need in 8 KB steps). The local array is static, not a __local kernel argument: PoCL 3.1 ran
+ * BANDS_CHP (the stride-2 phases), BANDS_TW (weight taps a work-item), BANDS_CLIP (Note [bands columns]: bit 1 the
+ * forward, bit 2 backward-data walk each output's inside filter columns only), BANDS_BYTES (bytes of a group's local
+ * array: the view's largest need in 8 KB steps). The local array is static, not a __local kernel argument: PoCL 3.1 ran
  * concurrent work-groups of 256 items on one buffer for such an argument (wrong bands whenever two threads ran).
  */
 #include "common.h"
@@ -45,6 +46,18 @@ inline bands_axis bands_axis_of(int flip, idx_t Y, idx_t X, idx_t R, idx_t P, id
 }
 
 #define BANDS_WIN_MAX ((BANDS_VH - 1) * 2 + 8)
+#ifndef BANDS_CLIP
+#define BANDS_CLIP 0
+#endif
+
+/* Note [bands columns] (cuda/conv_depthwise_bands.cuh): the filter columns lo .. lo + n - 1 whose source column
+ * r2 dl - base lies inside the source. */
+inline void bands_cols(idx_t base, idx_t src, idx_t dl, idx_t R2, idx_t *lo, idx_t *n) {
+    *lo = base > 0 ? (base + dl - 1) / dl : 0;
+    const idx_t hi = base + src > 0 ? (base + src + dl - 1) / dl : 0;
+    *n = (hi < R2 ? hi : R2) - *lo;
+    if (*n < 0) *n = 0;
+}
 
 /* fwd (flip 0: x -> y), bwd-data (flip 1 or 2: dy -> dx); S: the rows' stride of the source walk; ch: filter rows a
  * step (constants after inlining). */
@@ -97,8 +110,10 @@ inline void bands(const conv_desc *d, __global const T *src, __global const T *w
     ACC acc[BANDS_VH];
     for (int v = 0; v < BANDS_VH; ++v) acc[v] = 0;
     const int win_n = (BANDS_VH - 1) * S + ch;
+    idx_t r2lo = 0, n2 = R2; /* Note [bands columns]: the host sets BANDS_CLIP where it pays */
+    if ((BANDS_CLIP & (flip ? 2 : 1)) != 0) bands_cols(A2.p - o2 * S2, Src2, DL2, R2, &r2lo, &n2);
     for (idx_t r1c = 0; r1c < R1c; r1c += ch) {
-        for (idx_t r2 = 0; r2 < R2; ++r2) {
+        for (idx_t r2 = r2lo; r2 < r2lo + n2; ++r2) {
             __local const ACC *col = col0 + r1c * cols + r2 * DL2;
             ACC wv[8], win[BANDS_WIN_MAX];
             for (int c = 0; c < ch; ++c) wv[c] = wpl[(r1c + c) * R2 + r2];

@@ -618,6 +618,8 @@ BANDS_CASES = [  # Note [depthwise bands]: NCHW filters with no 3-tap kernel
     EmuCase(2, 2, 4, 4, 7, 7, padding=3, groups=4),  # ConvNeXt's last stage: 7x7 planes, one row group a plane
     EmuCase(2, 1, 2, 2, 48, 5, padding=2, groups=2),  # 48x48: bands of 40 rows (5 groups of 8), the last 8 rows
     EmuCase(2, 2, 3, 3, 11, 13, padding=6, groups=3),  # 13 filter rows in steps of 7 (14, one zero row)
+    EmuCase(2, 2, 3, 3, 7, 13, padding=6, groups=3),  # 13x13 on 7x7: 7 columns a thread (Note [bands columns])
+    EmuCase(2, 1, 2, 2, 5, 13, padding=13, groups=2),  # clipped forward whose edge outputs read no column
     EmuCase(2, 1, 4, 4, 12, 5, stride=2, padding=2, groups=4),  # stride 2: bands_s2, bwd-data in 4 phases
     EmuCase(2, 2, 3, 3, 11, 4, stride=2, padding=1, groups=3),  # odd X, even filter: phases of 2 and 2 taps
     EmuCase(2, 1, 2, 2, 10, 7, stride=2, padding=1, groups=2),  # 7 taps, padding 1: sub-filters of 4 and 3
@@ -765,6 +767,16 @@ def test_depthwise_bands_geometry():
     assert wg(view_(14, 7), "float32") == (9, 1, 9 * (20 * 22 + 14 * 16) * 4)  # 9 planes of 14 rows
     assert wg(view_(7, 13, n=32, c=1024), "float32") == (27, 1, 27 * (19 * 21 + 7 * 8) * 4)  # as many as fit
     assert wg(view_(56, 31), "float64") is None and wg(view_(56, 31), "float32")[:2] == (1, 2)
+    # Note [bands columns]: clipped only where no output column reaches every filter column
+    clips = dwbands.dwb_clips
+    assert clips(view_(7, 13), "fwd") and clips(view_(7, 13), "bwd_data")  # 7 of 13 columns everywhere
+    assert not any(clips(v_, d) for v_ in (view_(7, 7), view_(14, 5), view_(56, 5, s=2), view_(56, 31))
+                   for d in ("fwd", "bwd_data"))
+    pad13 = dataclasses.replace(view_(5, 13), Y=(1, 19, 19), P=(0, 13, 13))
+    assert clips(pad13, "fwd") and not clips(pad13, "bwd_data")
+    assert [dwbands.dwb_columns(13 - o, 5, 1, 13) for o in (0, 8, 9, 17, 18)] == [0, 5, 5, 1, 0]
+    assert dwbands.dwb_defines(view_(7, 13), "float32")["CLIP"] == 3 and dwbands.dwb_defines(pad13, "float32")[
+        "CLIP"] == 1 and dwbands.dwb_defines(view_(7, 7), "float32")["CLIP"] == 0
 
 
 @pytest.mark.parametrize("extra", [{"PC_DWT_RING": 1, "PC_DWT_RD": 2, "PC_DWT_FRING": 1, "PC_DWT_FRD": 4,
