@@ -28,36 +28,30 @@ def dwb_vh(view: ConvView) -> int:
     return DWB_VH_TALL if view.R[1] >= DWB_TALL_ROWS and min(view.X[1], view.Y[1]) >= 2 * DWB_VH_TALL else DWB_VH
 
 
+def _axis(view: ConvView, direction: str, i: int, ph: int = 0) -> tuple[int, int, int, int, int, int]:
+    """(D, R, p, S, DL, source extent) of axis ``i`` of a 'bands' result, as pc_dwb_axis_of forms it: the forward's,
+    backward-data's at stride 1 (the filter flipped), or at stride 2 that of parity ``ph`` with its sub-filter (Note
+    [bands phases]; p = (rmax - ph - P) / 2 rounds toward zero, as C's division)."""
+    x, y, r, pad, dl = view.X[i], view.Y[i], view.R[i], view.P[i], view.DL[i]
+    if direction == "fwd":
+        return y, r, pad, view.S[i], dl, x
+    if view.S[1] == 1:
+        return x, r, (r - 1) * dl - pad, 1, dl, y
+    rmax = r - 1 - (r - 1 - ph - pad) % 2
+    q = rmax - ph - pad
+    return (x - ph + 1) // 2, rmax // 2 + 1 if rmax >= 0 else 0, -(-q // 2) if q < 0 else q // 2, 1, 1, y
+
+
+def _parities(view: ConvView, direction: str) -> range:
+    """The grid-y phases of a 'bands' launch: four at stride-2 backward-data (Note [bands phases]), else one."""
+    return range(4 if direction != "fwd" and view.S[1] != 1 else 1)
+
+
 def dwb_phases(view: ConvView, direction: str) -> list[tuple[tuple[int, int], tuple[int, int]]]:
     """((D1, R1), (D2, R2)) of each result a 'bands' launch forms (its grid y): the forward's Y, backward-data's X at
     stride 1, or at stride 2 the four parities of X with their sub-filters (Note [bands phases]; pc_dwb_axis_of)."""
-    if direction == "fwd":
-        return [((view.Y[1], view.R[1]), (view.Y[2], view.R[2]))]
-    if view.S[1] == 1:
-        return [((view.X[1], view.R[1]), (view.X[2], view.R[2]))]
-
-    def axis(i, ph):
-        rmax = view.R[i] - 1 - (view.R[i] - 1 - ph - view.P[i]) % 2
-        return (view.X[i] - ph + 1) // 2, rmax // 2 + 1 if rmax >= 0 else 0
-
-    return [(axis(1, ph >> 1), axis(2, ph & 1)) for ph in range(4)]
-
-
-def _column_axes(view: ConvView, direction: str) -> list[tuple[int, int, int, int, int, int]]:
-    """(D2, R2, p, S2, DL2, source width) of each phase's column axis, as pc_dwb_axis_of forms it: the forward, the
-    stride-1 backward-data (the filter flipped) or the four stride-2 phases (Note [bands phases])."""
-    x, y, r, p, dl = view.X[2], view.Y[2], view.R[2], view.P[2], view.DL[2]
-    if direction == "fwd":
-        return [(y, r, p, view.S[2], dl, x)]
-    if view.S[1] == 1:
-        return [(x, r, (r - 1) * dl - p, 1, dl, y)]
-    axes = []
-    for ph in (0, 1):
-        rmax = r - 1 - (r - 1 - ph - p) % 2
-        pp = rmax - ph - p
-        axes.append(((x - ph + 1) // 2, rmax // 2 + 1 if rmax >= 0 else 0, -(-pp // 2) if pp < 0 else pp // 2, 1, 1,
-                     y))  # pp / 2 rounds toward zero, as C's division
-    return axes
+    return [(_axis(view, direction, 1, ph >> 1)[:2], _axis(view, direction, 2, ph & 1)[:2])
+            for ph in _parities(view, direction)]
 
 
 def dwb_columns(base: int, src: int, dl: int, r2: int) -> int:
@@ -72,8 +66,9 @@ def dwb_clips(view: ConvView, direction: str) -> bool:
     """Note [bands columns]: a direction's bands kernel walks each output column's inside filter columns only where
     no output column reaches all of them (a filter wider than the plane's reach), so every warp walks fewer; elsewhere
     the uniform walk over every column measured faster (H100, effnet-dw5x5 backward-data 1.21x slower clipped)."""
+    axes = {_axis(view, direction, 2, ph & 1) for ph in _parities(view, direction)}
     return all(max(dwb_columns(p - o * s, src, dl, r) for o in range(d)) < r
-               for d, r, p, s, dl, src in _column_axes(view, direction) if d > 0 and r > 0)
+               for d, r, p, s, dl, src in axes if d > 0 and r > 0)
 
 
 def dwb_step(view: ConvView, direction: str) -> int:
