@@ -23,8 +23,9 @@
 #define BANDS_U 8         /* weight gradient: output columns a step (DWB_U) */
 #define BANDS_ROWS 2048   /* positions a unit about (DWB_ROWS) */
 #define BANDS_MAX 49152   /* local bytes a unit's planes may take (DWB_MAX_BYTES) */
+#define BANDS_SU 4        /* Note [staged loads]: staging loads a work-item issues before it stores them (PC_DWB_SU) */
 
-/* e / d for 0 <= e < 2**22 from r = 1.0f / d (as pc_dwb_div): exact, no integer division. */
+/* e / d for 0 <= e < 2**22 from r = 1.0f / d (as pc_dwb_div): exact, no integer division (Note [staged loads]). */
 inline idx_t bands_div(idx_t e, float r) { return (idx_t)(((float)e + 0.5f) * r); }
 
 /* One axis of a result (as pc_dwb_axis): output o (of D) is result index o * os + oph; filter step c (of R) reads
@@ -88,12 +89,20 @@ inline void bands(const conv_desc *d, __global const T *src, __global const T *w
     const bool live = some && p0 < NK; /* the grid covers the phase with the most bands */
     const idx_t o1b = band * TH, i1b = o1b * S - A1.p;
     __local ACC *wsm = pool + P * plane;
-    const float rc = 1.0f / (float)(cols > 0 ? cols : 1), rr = 1.0f / (float)rows;
-    for (idx_t e = tid; live && e < P * plane; e += L) {
-        const idx_t pr = bands_div(e, rc), j = e - pr * cols, pl = bands_div(pr, rr), p = p0 + pl;
-        const idx_t i1 = i1b + pr - pl * rows, i2 = j - A2.p, n = p / K, k = p - n * K;
-        pool[e] = p < NK && i1 >= 0 && i1 < Src1 && i2 >= 0 && i2 < Src2
-                      ? (ACC)LD(src, so + n * s0 + (k / m) * s1 + i1 * s3 + i2 * s4) : (ACC)0;
+    const float rc = 1.0f / (float)(cols > 0 ? cols : 1), rr = 1.0f / (float)rows, rk = 1.0f / (float)K;
+    const bool fk = NK + P <= (1 << 22); /* every p of the group divides by K as bands_div */
+    for (idx_t e0 = tid; live && e0 < P * plane; e0 += BANDS_SU * L) {
+        ACC v[BANDS_SU]; /* Note [staged loads] */
+        for (int su = 0; su < BANDS_SU; ++su) {
+            const idx_t e = e0 + su * L;
+            const idx_t pr = bands_div(e, rc), j = e - pr * cols, pl = bands_div(pr, rr), p = p0 + pl;
+            const idx_t n = fk ? bands_div(p, rk) : p / K, k = p - n * K, c = m == 1 ? k : k / m;
+            const idx_t i1 = i1b + pr - pl * rows, i2 = j - A2.p;
+            v[su] = e < P * plane && p < NK && i1 >= 0 && i1 < Src1 && i2 >= 0 && i2 < Src2
+                        ? (ACC)LD(src, so + n * s0 + c * s1 + i1 * s3 + i2 * s4) : (ACC)0;
+        }
+        for (int su = 0; su < BANDS_SU; ++su)
+            if (e0 + su * L < P * plane) pool[e0 + su * L] = v[su];
     }
     for (idx_t e = tid; live && e < P * R1c * R2; e += L) {
         const idx_t pl = e / (R1c * R2), c1 = (e - pl * R1c * R2) / R2, c2 = e - pl * R1c * R2 - c1 * R2;
