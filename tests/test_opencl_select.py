@@ -9,6 +9,7 @@ import torch
 from portconv.backends.opencl import clw, depthwise, igemm
 from portconv.backends.opencl.kernels import SLOT, Operand
 from portconv.backends.opencl.select import (
+    BANDS_AHEAD_OF_DW,
     CLW_AHEAD_OF_BANDS,
     CLW_AHEAD_OF_DW_CL,
     Facts,
@@ -242,6 +243,34 @@ def test_clw_selection(row):
     gpu_5x5 = device.kind == "gpu" and tuple(pr.weight.shape[2:]) == (5, 5)
     evidence = CLW_AHEAD_OF_DW_CL if gpu_5x5 else CLW_AHEAD_OF_BANDS
     assert (evidence in choice.reason) == kernels[0].startswith("clw"), choice.reason
+
+
+BANDS_FIRST = [  # (id, problem, device, kernels per result, reason)
+    ("5x5-pocl", problem((2, 8, 20, 20), (8, 1, 5, 5), padding=2, groups=8), POCL,
+     ("dw_fwd", "dw_bwd_data", "dw_bwd_weight"), "vectorised kernels (opencl/depthwise.cl) where the layouts allow"),
+    ("5x5-h100", problem((2, 8, 20, 20), (8, 1, 5, 5), padding=2, groups=8), H100,
+     ("bands_fwd_s1", "bands_bwd_data_s1", "bands_bwd_weight_s1"),
+     "the bands kernels (opencl/bands.cl); else vectorised kernels (opencl/depthwise.cl)"),
+    ("5x5-stride2-bf16-h100", problem((2, 8, 20, 20), (8, 1, 5, 5), stride=2, padding=2, groups=8, dtype="bfloat16"),
+     H100, ("bands_fwd_s2", "bands_bwd_data_s2", "bands_bwd_weight_s2"), "the bands kernels (opencl/bands.cl);"),
+    ("5x5-multiplier2-mi250", problem((2, 8, 20, 20), (16, 1, 5, 5), padding=2, groups=8), MI250,
+     ("bands_fwd_s1", "dw_bwd_data", "bands_bwd_weight_s1"),
+     "the bands kernels (opencl/bands.cl) for fwd, bwd_weight;"),  # multiplier 2: no bands backward-data
+    ("3x3-h100", problem((2, 8, 20, 20), (8, 1, 3, 3), padding=1, groups=8), H100,
+     ("dw_fwd", "dw_bwd_data", "dw_bwd_weight"), "vectorised kernels (opencl/depthwise.cl) where the layouts allow"),
+]
+
+
+@pytest.mark.parametrize("row", BANDS_FIRST, ids=lambda r: r[0])
+def test_bands_ahead_of_depthwise_cl_on_gpus(row):
+    """Contiguous 2-D 5x5 depthwise problems, which opencl/depthwise.cl's vectorised kernels and bands both take: on a
+    GPU bands runs first in every direction it takes (BANDS_AHEAD_OF_DW, its evidence in the reason); on a CPU
+    depthwise.cl's programs keep them."""
+    _, pr, device, kernels, reason = row
+    choice, ks = plans(pr, device)
+    got = tuple(ks[r].launches[0].kernel for r in ("output", "grad_input", "grad_weight"))
+    assert got == kernels and reason in choice.reason, (got, choice.reason)
+    assert (BANDS_AHEAD_OF_DW in choice.reason) == kernels[0].startswith("bands"), choice.reason
 
 
 def test_clw_launch_limits_fall_to_bands():

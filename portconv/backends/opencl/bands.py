@@ -3,7 +3,8 @@
 Note [depthwise bands] in OpenCL: the geometry and the rule are the CUDA set's (portconv/dwbands.py, pure functions of
 the view), so both sets stage the same bands and take the same problems: 2-D depthwise filters of 2+ taps on both axes
 that no 3-tap kernel takes, dilation 1 along the rows, either layout. Here they run where opencl/depthwise.cl's
-vectorised kernels do not (its kernel sizes are compile-time: 3, 3x3, 3x3x3, 5x5), ahead of conv.cl's generic kernels.
+vectorised kernels do not (its kernel sizes are compile-time: 3, 3x3, 3x3x3, 5x5), and on GPUs ahead of them for
+5x5 (ahead_of_depthwise), ahead of conv.cl's generic kernels.
 """
 from __future__ import annotations
 
@@ -25,6 +26,16 @@ def _kernels(view, dtype: str) -> dict[str, str]:
 def takes(view, dtype: str) -> bool:
     """Some direction of this depthwise view runs the bands kernels."""
     return any(_kernels(view, dtype).values())
+
+
+def ahead_of_depthwise(view, dtype: str, fmt: str, cpu: bool) -> tuple[str, ...]:
+    """The directions in which the bands kernels run ahead of opencl/depthwise.cl's vectorised kernels (both take
+    contiguous 2-D 5x5 filters): on a GPU every direction bands takes (measured faster: select.BANDS_AHEAD_OF_DW), on
+    a CPU none (depthwise.cl's CPU programs first; Debian PoCL 5.0 computes some bands wrongly, docs/kernels/
+    opencl.md)."""
+    if cpu or fmt != "contiguous":
+        return ()
+    return tuple(d for d, k in _kernels(view, dtype).items() if k)
 
 
 def _defines(ctx: Ctx, direction: str) -> dict:

@@ -106,6 +106,12 @@ CLW_AHEAD_OF_BANDS = ("bands not used: clw measured faster (H100 OpenCL, 7x7 flo
 CLW_AHEAD_OF_DW_CL = "depthwise.cl second: clw measured faster on a GPU (H100 OpenCL, 5x5 channels-last: 1.4x-2.9x)"
 
 
+# The evidence that puts the bands kernels ahead of depthwise.cl's vectorised NCHW kernels on GPUs, where both take a
+# problem (contiguous 2-D 5x5; docs/performance/h200/README.md).
+BANDS_AHEAD_OF_DW = ("depthwise.cl second on GPUs: bands measured faster (H200 OpenCL, EfficientNet's 5x5 NCHW); "
+                     "bands over depthwise.cl: forward 1.9x-2.6x, backward-data 0.99x-1.7x, weight gradient 2.7x-3.0x")
+
+
 def _family(problem: Problem, view: ConvView, device: DeviceInfo, options: Options, fmt: str) -> tuple[str, str]:
     forced = options.algorithm
     if forced is not None:
@@ -115,6 +121,11 @@ def _family(problem: Problem, view: ConvView, device: DeviceInfo, options: Optio
     if view.depthwise:
         cpu, head = device.kind == "cpu", f"depthwise, channel multiplier {view.kg}"
         if depthwise.dw_spec(problem, view, fmt, cpu)[0] is not None:
+            first = bands.ahead_of_depthwise(view, problem.dtype, fmt, cpu)
+            if first:
+                some = "" if len(first) == len(DIRECTIONS) else f" for {', '.join(first)}"
+                return "depthwise", (f"{head}: the bands kernels (opencl/bands.cl){some}; else vectorised kernels "
+                                     f"(opencl/depthwise.cl); {BANDS_AHEAD_OF_DW}")
             return "depthwise", f"{head}: vectorised kernels (opencl/depthwise.cl) where the layouts allow"
         cl, why = depthwise.dw_cl_spec(problem, view, fmt, cpu)
         ahead = clw.ahead_of_depthwise_cl(view, problem.dtype, fmt, cpu)
@@ -170,6 +181,8 @@ def context(problem: Problem, device: DeviceInfo, options: Options, choice: Choi
 def _sets(ctx: Ctx, direction: str) -> tuple:
     """The specialised kernel sets the family tries for a direction, in order, before the direct kernels."""
     if ctx.family == "depthwise":
+        if direction in bands.ahead_of_depthwise(ctx.view, ctx.dtype, ctx.fmt, ctx.cpu):
+            return bands, depthwise, clw
         ahead = direction in clw.ahead_of_depthwise_cl(ctx.view, ctx.dtype, ctx.fmt, ctx.cpu)
         return (clw, depthwise, bands) if ahead else (depthwise, clw, bands)
     return (igemm,) if ctx.family.startswith("igemm") else ()
