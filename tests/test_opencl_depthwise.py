@@ -17,6 +17,7 @@ from opencl_cases import (
     opencl_plan,
     reference,
     run_all,
+    tol,
 )
 
 import portconv
@@ -116,6 +117,31 @@ def test_depthwise_bands_kernels(edge, fmt, dt, monkeypatch):
     assert launched.get("bwd_data", 0) == int(mult != 1), launched  # conv.cl's generic backward-data
     if shape[1] == 48:  # two bands a plane, 3 samples: units enough for splits on any device here
         assert launched.get("bands_finalize", 0) == 1, launched
+
+
+def test_bands_planes_past_the_float_division(monkeypatch):
+    """Note [staged loads]: where a view has 2**22 planes or more (N K + P > 2**22), the bands forward and
+    backward-data stage a plane's image by integer division (pc_dwb_div / bands_div is exact below 2**22 only). Two
+    channels-last images (in NCHW a wrong image and channel of a plane can still meet its offset) of 2**21 + 20
+    channels of 2 x 3 with a 2 x 2 filter, the clw kernels off, against float64 formed tap by tap (ATen's float64
+    depthwise takes minutes on these channels)."""
+    monkeypatch.setattr(clw, "kernels", lambda *a: dict.fromkeys(clw.DIRECTIONS, ""))
+    x, w, b, p = dw_case(((1 << 21) + 20, 2, 3), (2, 2), 1, 0, 1, 2, fmt="channels_last")
+    plan = direct_plan(x, w, b, p)
+    before = dict(rt.stats)
+    y = plan.forward(x, w, b)
+    go = torch.randn(y.shape, generator=torch.Generator().manual_seed(1))
+    gx = plan.backward(go, x, w, (True, False, False))[0]
+    assert launched_since(before, ["bands_fwd_s1", "bands_bwd_data_s1"]) == {"bands_fwd_s1": 1, "bands_bwd_data_s1": 1}
+    xd, wd, god = x.double(), w.double()[:, 0], go.double()
+    ry = b.double()[None, :, None, None] + sum(xd[:, :, a:a + 1, c:c + 2] * wd[None, :, a, c, None, None]
+                                             for a in range(2) for c in range(2))
+    rgx = torch.zeros_like(xd)
+    for a in range(2):
+        for c in range(2):
+            rgx[:, :, a:a + 1, c:c + 2] += god * wd[None, :, a, c, None, None]
+    check(y, ry, torch.float32, "output", tol(plan, torch.float32))
+    check(gx, rgx, torch.float32, "grad_input", tol(plan, torch.float32))
 
 
 def test_bands_kernel_constants_match_the_host():
