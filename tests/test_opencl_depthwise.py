@@ -119,6 +119,21 @@ def test_depthwise_bands_kernels(edge, fmt, dt, monkeypatch):
         assert launched.get("bands_finalize", 0) == 1, launched
 
 
+@pytest.mark.parametrize("dt", ["f32", "bf16"])
+@pytest.mark.parametrize("stride,shape", [(1, (3, 14, 14)), (2, (3, 13, 12))], ids=["s1", "s2"])
+def test_nchw_5x5_runs_bands_on_gpus(stride, shape, dt):
+    """EfficientNet's contiguous 5x5 depthwise runs the bands kernels ahead of depthwise.cl's on GPUs
+    (bands.ahead_of_depthwise): the plan of a device described as a GPU, run on PoCL, in every direction (stride 2:
+    backward-data in four phases) against float64."""
+    dtype = DTYPES[dt]
+    x, w, b, p = dw_case(shape, (5, 5), stride, 2, 1, 2, dtype)
+    plan = direct_plan(x, w, b, p, kind="gpu")
+    names = [f"bands_{d}_s{stride}" for d in ("fwd", "bwd_data", "bwd_weight")]
+    launched = run_all(plan, x, w, b, p, dtype, names + ["dw_fwd", "dw_bwd_data", "dw_bwd_weight"])
+    assert "the bands kernels (opencl/bands.cl)" in plan.reason, plan.reason
+    assert launched == dict.fromkeys(names, 1), launched
+
+
 def test_bands_planes_past_the_float_division(monkeypatch):
     """Note [staged loads]: where a view has 2**22 planes or more (N K + P > 2**22), the bands forward and
     backward-data stage a plane's image by integer division (pc_dwb_div / bands_div is exact below 2**22 only). Two
