@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The GPU evidence, on the device machine (repo root; carry .whl with pyopencl + tox wheels, and .base for 'before').
 #   bash scripts/gpu/reports.sh [tox] [json] [explain] [bench] [before]
-# tox:     tox -e cuda / hip / opencl side by side (whole grid, four dtypes; TOX_ENVS picks them)
+# tox:     tox -e cuda / hip / opencl side by side (whole grid, four dtypes; TOX_ENVS picks them, as env or env:workers,
+#          default 3 workers each). Seen on two H200s (32 cores): cuda:12 beside hip:6 and opencl:6 did not finish
+#          the cuda env in 530 s (hip 245 s, opencl 386 s); so run the cuda env alone in its call (TOX_ENVS=cuda:24,
+#          not yet tried; alone on one H100, -n 5, it took 471 s)
 # json:    portconv conform --json per GPU backend (JSON_BACKENDS, default "cuda cudnn hip opencl")
 # explain: portconv explain --suite for auto and each GPU backend
 # torch:   the torch-integration tests (compile, CUDA graphs, autocast, higher-order AD, convert) on the GPU backends
@@ -95,8 +98,9 @@ if has pocl; then  # the host's PoCL (the GPU machine's is Debian PoCL 5.0, LLVM
     --dtype float32,float64 -q --json "$R/conformance-pocl.json" > "$R/conform-pocl.txt" 2>&1 & pids+=($!)
 fi
 if has tox; then  # the three device envs side by side (16 cores, one GPU)
-  for e in ${TOX_ENVS:-cuda hip opencl}; do
-    timeout ${TOX_TIMEOUT:-560} python3 -m tox -e $e -- -n 3 -p no:cacheprovider -W ignore > "$R/tox-$e.txt" 2>&1 & pids+=($!)
+  for ew in ${TOX_ENVS:-cuda hip opencl}; do
+    e=${ew%%:*}; n=$([[ $ew == *:* ]] && echo "${ew##*:}" || echo 3)
+    timeout ${TOX_TIMEOUT:-560} python3 -m tox -e $e -- -n $n -p no:cacheprovider -W ignore > "$R/tox-$e.txt" 2>&1 & pids+=($!)
   done
 fi
 if has torch; then
