@@ -86,7 +86,8 @@ def test_depthwise_outside_the_specialised_set_runs_the_generic_kernels(why, kw,
 
 BANDS_EDGES = [  # Note [depthwise bands] (opencl/bands.cl): (id, shape (C, *spatial), kernel, stride, padding, mult, n)
     ("7x7-11x11", (4, 11, 11), (7, 7), 1, 3, 1, 2),
-    ("5x5-stride2-phases", (3, 12, 13), (5, 5), 2, 2, 1, 2),  # channels-last only (NCHW 5x5: depthwise.cl)
+    ("5x5-stride2-phases", (3, 12, 13), (5, 5), 2, 2, 1, 2),  # channels-last only: NCHW 5x5 runs depthwise.cl
+    # on a CPU's plan (test_nchw_5x5_runs_bands_on_gpus runs a GPU's)
     ("4x4-even-mult2", (3, 9, 10), (4, 4), 1, 1, 2, 1),  # backward-data: generic (multiplier 2)
     ("13x13-11x11", (2, 11, 11), (13, 13), 1, 6, 1, 2),  # 13 filter rows in steps of 7 (one zero row)
     ("13x13-7x7", (3, 7, 7), (13, 13), 1, 6, 1, 2),  # 7 of 13 columns a work-item (Note [bands columns])

@@ -2,9 +2,9 @@
 
 Note [depthwise bands] in OpenCL: the geometry and the rule are the CUDA set's (portconv/dwbands.py, pure functions of
 the view), so both sets stage the same bands and take the same problems: 2-D depthwise filters of 2+ taps on both axes
-that no 3-tap kernel takes, dilation 1 along the rows, either layout. Here they run where opencl/depthwise.cl's
-vectorised kernels do not (its kernel sizes are compile-time: 3, 3x3, 3x3x3, 5x5), and on GPUs ahead of them for
-5x5 (ahead_of_depthwise), ahead of conv.cl's generic kernels.
+that no 3-tap kernel takes, dilation 1 along the rows, either layout. Here they run ahead of conv.cl's generic
+kernels, and of opencl/depthwise.cl's vectorised ones (compile-time kernel sizes 3, 3x3, 3x3x3, 5x5) on GPUs only,
+where both take a problem (contiguous 5x5: ahead_of_depthwise); CPUs run those first.
 """
 from __future__ import annotations
 
