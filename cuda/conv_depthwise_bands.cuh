@@ -49,12 +49,22 @@
 PC_DEVICE pc_idx pc_dwb_div(pc_idx e, float r) { return (pc_idx)(((float)e + 0.5f) * r); }
 
 /* Note [staged loads]: staging is most of a 'bands' forward (backward-data) block's instructions where a plane's
- * staged rows are many for its outputs (stride 2: about 5 staged elements an output). Each element's position comes
- * from pc_dwb_div, never from an integer division (the plane p's image p / K too, where every p of the block is
- * below 2**22, and its channel k / m only where m > 1), and a thread issues PC_DWB_SU loads before it stores them.
- * H200, held stream: effnet-dw5x5-s2 forward 0.176 -> 0.113 ms, convnext-dw7x7-st3 0.076 -> 0.060 ms; the same
- * loads without the divisions removed measured no faster. The weight gradient's staging (no division of its own)
- * keeps one load at a time: four in flight made its small-plane rows slower (effnet-dw5x5 0.075 -> 0.097 ms). */
+ * staged rows are many for its outputs (stride 2: about 5 staged elements an output). No staged position comes from
+ * an integer division: pc_dwb_div finds rows and planes, and a plane p's image p / K too where every p of the block
+ * is below 2**22; its channel k / m is formed only where m > 1. A thread issues PC_DWB_SU loads before it stores
+ * them. Two forms:
+ * - the row form (the stride-2 forward): LW = pc_dwb_lanes(cols) threads share a staged row, each with the row's
+ *   plane, image, channel and source row found once for its columns of the row (ceil(cols / LW) of them), so an
+ *   element costs about its load, its store and an address product;
+ * - the element form (elsewhere): each thread finds every element's position, and a round of loads fills every
+ *   thread with elements whatever the rows' width; rows narrower than a warp (14x14 planes) take more rounds in the
+ *   row form and measured slower there, as did the stride-1 planes of ConvNeXt (docs/kernels/depthwise.md).
+ * The weight gradient stages in the element form, one load at a time. */
+PC_DEVICE pc_idx pc_dwb_lanes(pc_idx cols) {
+    pc_idx lw = 32;
+    while (lw > 4 && lw / 2 >= cols) lw /= 2;
+    return lw;
+}
 
 /* One axis of a 'bands' result: output o (of D) is result index o * os + oph; filter step c (of R, the sub-filter
  * of a phase) reads source index o * S - p + c * DL and weight tap w0 + ws * c. */
@@ -118,8 +128,33 @@ PC_DEVICE void pc_dw_bands(const pc_conv_args &a) {
     pc_acc_t *wsm = pool + P * plane;
     const float rc = 1.0f / (float)cols, rr = 1.0f / (float)rows, rk = 1.0f / (float)K;
     const bool fk = NK + P <= (1 << 22); /* every p of the block divides by K as pc_dwb_div */
-    for (pc_idx e0 = (pc_idx)threadIdx.x; e0 < P * plane; e0 += PC_DWB_SU * (pc_idx)blockDim.x) {
-        pc_acc_t v[PC_DWB_SU]; /* Note [staged loads] */
+    constexpr bool ROWS = S == 2 && FLIP == 0; /* Note [staged loads]: the row form, else the element form */
+    const pc_idx nrows = P * rows, LW = pc_dwb_lanes(cols), nq = (pc_idx)blockDim.x / LW;
+    for (pc_idx r0 = (pc_idx)threadIdx.x / LW; ROWS && r0 < nrows; r0 += PC_DWB_SU * nq) {
+        pc_idx at[PC_DWB_SU];
+        bool ok[PC_DWB_SU];
+#pragma unroll
+        for (int su = 0; su < PC_DWB_SU; ++su) {
+            const pc_idx r = r0 + su * nq, pl = pc_dwb_div(r, rr), p = p0 + pl;
+            const pc_idx n = fk ? pc_dwb_div(p, rk) : p / K, k = p - n * K, c = m == 1 ? k : k / m;
+            const pc_idx i1 = i1b + r - pl * rows;
+            ok[su] = r < nrows && p < NK && i1 >= 0 && i1 < Src1;
+            at[su] = ok[su] ? n * (pc_idx)srcS[0] + c * (pc_idx)srcS[1] + i1 * (pc_idx)srcS[3] : 0;
+        }
+        for (pc_idx j = (pc_idx)threadIdx.x % LW; j < cols; j += LW) {
+            const pc_idx i2 = j - A2.p;
+            const bool in2 = i2 >= 0 && i2 < Src2;
+            pc_acc_t v[PC_DWB_SU];
+#pragma unroll
+            for (int su = 0; su < PC_DWB_SU; ++su)
+                v[su] = ok[su] && in2 ? (pc_acc_t)pc_ld(src, at[su] + i2 * (pc_idx)srcS[4]) : (pc_acc_t)0;
+#pragma unroll
+            for (int su = 0; su < PC_DWB_SU; ++su)
+                if (r0 + su * nq < nrows) pool[(r0 + su * nq) * cols + j] = v[su];
+        }
+    }
+    for (pc_idx e0 = (pc_idx)threadIdx.x; !ROWS && e0 < P * plane; e0 += PC_DWB_SU * (pc_idx)blockDim.x) {
+        pc_acc_t v[PC_DWB_SU];
 #pragma unroll
         for (int su = 0; su < PC_DWB_SU; ++su) {
             const pc_idx e = e0 + su * (pc_idx)blockDim.x;

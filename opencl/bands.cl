@@ -23,10 +23,18 @@
 #define BANDS_U 8         /* weight gradient: output columns a step (DWB_U) */
 #define BANDS_ROWS 2048   /* positions a unit about (DWB_ROWS) */
 #define BANDS_MAX 49152   /* local bytes a unit's planes may take (DWB_MAX_BYTES) */
-#define BANDS_SU 4        /* Note [staged loads]: staging loads a work-item issues before it stores them (PC_DWB_SU) */
+#define BANDS_SU 4        /* Note [staged loads]: loads a work-item issues before it stores them (PC_DWB_SU) */
 
 /* e / d for 0 <= e < 2**22 from r = 1.0f / d (as pc_dwb_div): exact, no integer division (Note [staged loads]). */
 inline idx_t bands_div(idx_t e, float r) { return (idx_t)(((float)e + 0.5f) * r); }
+
+/* Note [staged loads] (cuda/conv_depthwise_bands.cuh): LW work-items share a staged row in the row form, 32 or the
+ * power of two at least the row's width below 32 (as pc_dwb_lanes). */
+inline idx_t bands_lanes(idx_t cols) {
+    idx_t lw = 32;
+    while (lw > 4 && lw / 2 >= cols) lw /= 2;
+    return lw;
+}
 
 /* One axis of a result (as pc_dwb_axis): output o (of D) is result index o * os + oph; filter step c (of R) reads
  * source index o * S - p + c * DL and weight tap w0 + ws * c. */
@@ -91,8 +99,29 @@ inline void bands(const conv_desc *d, __global const T *src, __global const T *w
     __local ACC *wsm = pool + P * plane;
     const float rc = 1.0f / (float)(cols > 0 ? cols : 1), rr = 1.0f / (float)rows, rk = 1.0f / (float)K;
     const bool fk = NK + P <= (1 << 22); /* every p of the group divides by K as bands_div */
-    for (idx_t e0 = tid; live && e0 < P * plane; e0 += BANDS_SU * L) {
-        ACC v[BANDS_SU]; /* Note [staged loads] */
+    const bool rows_form = S == 2 && flip == 0; /* Note [staged loads]: the row form, else the element form */
+    const idx_t nrows = P * rows, LW = bands_lanes(cols), nq = L / LW;
+    for (idx_t r0 = tid / LW; live && rows_form && r0 < nrows; r0 += BANDS_SU * nq) {
+        idx_t at[BANDS_SU];
+        bool ok[BANDS_SU];
+        for (int su = 0; su < BANDS_SU; ++su) {
+            const idx_t r = r0 + su * nq, pl = bands_div(r, rr), p = p0 + pl;
+            const idx_t n = fk ? bands_div(p, rk) : p / K, k = p - n * K, c = m == 1 ? k : k / m;
+            const idx_t i1 = i1b + r - pl * rows;
+            ok[su] = r < nrows && p < NK && i1 >= 0 && i1 < Src1;
+            at[su] = ok[su] ? so + n * s0 + c * s1 + i1 * s3 : 0;
+        }
+        for (idx_t j = tid % LW; j < cols; j += LW) {
+            const idx_t i2 = j - A2.p;
+            const bool in2 = i2 >= 0 && i2 < Src2;
+            ACC v[BANDS_SU];
+            for (int su = 0; su < BANDS_SU; ++su) v[su] = ok[su] && in2 ? (ACC)LD(src, at[su] + i2 * s4) : (ACC)0;
+            for (int su = 0; su < BANDS_SU; ++su)
+                if (r0 + su * nq < nrows) pool[(r0 + su * nq) * cols + j] = v[su];
+        }
+    }
+    for (idx_t e0 = tid; live && !rows_form && e0 < P * plane; e0 += BANDS_SU * L) {
+        ACC v[BANDS_SU];
         for (int su = 0; su < BANDS_SU; ++su) {
             const idx_t e = e0 + su * L;
             const idx_t pr = bands_div(e, rc), j = e - pr * cols, pl = bands_div(pr, rr), p = p0 + pl;

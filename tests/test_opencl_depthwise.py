@@ -135,27 +135,30 @@ def test_nchw_5x5_runs_bands_on_gpus(stride, shape, dt):
     assert launched == dict.fromkeys(names, 1), launched
 
 
-def test_bands_planes_past_the_float_division(monkeypatch):
+@pytest.mark.parametrize("stride", [1, 2])
+def test_bands_planes_past_the_float_division(monkeypatch, stride):
     """Note [staged loads]: where a view has 2**22 planes or more (N K + P > 2**22), the bands forward and
-    backward-data stage a plane's image by integer division (pc_dwb_div / bands_div is exact below 2**22 only). Two
-    channels-last images (in NCHW a wrong image and channel of a plane can still meet its offset) of 2**21 + 20
-    channels of 2 x 3 with a 2 x 2 filter, the clw kernels off, against float64 formed tap by tap (ATen's float64
-    depthwise takes minutes on these channels)."""
+    backward-data stage a plane's image by integer division (pc_dwb_div / bands_div is exact below 2**22 only), in
+    the element form (stride 1) and the row form (the stride-2 forward). Two channels-last images (in NCHW a wrong
+    image and channel of a plane can still meet its offset) of 2**21 + 20 channels of 2 x 3 with a 2 x 2 filter, the
+    clw kernels off, against float64 formed tap by tap (ATen's float64 depthwise takes minutes on these channels)."""
     monkeypatch.setattr(clw, "kernels", lambda *a: dict.fromkeys(clw.DIRECTIONS, ""))
-    x, w, b, p = dw_case(((1 << 21) + 20, 2, 3), (2, 2), 1, 0, 1, 2, fmt="channels_last")
+    x, w, b, p = dw_case(((1 << 21) + 20, 2, 3), (2, 2), stride, 0, 1, 2, fmt="channels_last")
     plan = direct_plan(x, w, b, p)
     before = dict(rt.stats)
     y = plan.forward(x, w, b)
     go = torch.randn(y.shape, generator=torch.Generator().manual_seed(1))
     gx = plan.backward(go, x, w, (True, False, False))[0]
-    assert launched_since(before, ["bands_fwd_s1", "bands_bwd_data_s1"]) == {"bands_fwd_s1": 1, "bands_bwd_data_s1": 1}
+    names = [f"bands_fwd_s{stride}", f"bands_bwd_data_s{stride}"]
+    assert launched_since(before, names) == dict.fromkeys(names, 1)
     xd, wd, god = x.double(), w.double()[:, 0], go.double()
-    ry = b.double()[None, :, None, None] + sum(xd[:, :, a:a + 1, c:c + 2] * wd[None, :, a, c, None, None]
-                                             for a in range(2) for c in range(2))
+    y1, y2 = god.shape[2:]
+    at = [(a, c, (slice(None), slice(None), slice(a, a + stride * (y1 - 1) + 1, stride),
+                  slice(c, c + stride * (y2 - 1) + 1, stride))) for a in range(2) for c in range(2)]
+    ry = b.double()[None, :, None, None] + sum(xd[ix] * wd[None, :, a, c, None, None] for a, c, ix in at)
     rgx = torch.zeros_like(xd)
-    for a in range(2):
-        for c in range(2):
-            rgx[:, :, a:a + 1, c:c + 2] += god * wd[None, :, a, c, None, None]
+    for a, c, ix in at:
+        rgx[ix] += god * wd[None, :, a, c, None, None]
     check(y, ry, torch.float32, "output", tol(plan, torch.float32))
     check(gx, rgx, torch.float32, "grad_input", tol(plan, torch.float32))
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU evidence, on the device machine (repo root; carry .whl with pyopencl + tox wheels, and .base for 'before').
 #   bash scripts/gpu/reports.sh [tox] [json] [explain] [bench] [before]
+# grid:    the conformance grid (four dtypes, poisoned) and GPU test file of cuda, hip and opencl side by side
 # tox:     tox -e cuda / hip / opencl side by side (whole grid, four dtypes; TOX_ENVS picks them, as env or env:workers,
 #          default 3 workers each). Seen on two H200s (32 cores): cuda:12 beside hip:6 and opencl:6 did not finish
 #          the cuda env in 530 s (hip 245 s, opencl 386 s); so run the cuda env alone in its call (TOX_ENVS=cuda:24,
@@ -102,6 +103,16 @@ if has tox; then  # the three device envs side by side (16 cores, one GPU)
     e=${ew%%:*}; n=$([[ $ew == *:* ]] && echo "${ew##*:}" || echo 3)
     timeout ${TOX_TIMEOUT:-560} python3 -m tox -e $e -- -n $n -p no:cacheprovider -W ignore > "$R/tox-$e.txt" 2>&1 & pids+=($!)
   done
+fi
+if has grid; then  # each own kernel set's conformance grid and GPU test file, pytest directly (no cudnn): on two
+  # GPUs (nvidia-h200-x2, 32 cores) cuda on GPU 1, hip and opencl on GPU 0; H200s: 62 s, 53 s, 79 s
+  G="--full-grid $(echo $DT | sed 's/,/ --dtype /g') -p no:cacheprovider -W ignore -q -rfEs tests/test_conformance.py"
+  CUDA_VISIBLE_DEVICES=$(nvidia-smi -L | wc -l | awk '{print $1 - 1}') PORTCONV_POISON=1 timeout ${GRID_TIMEOUT:-520} python3 -m pytest \
+    -n ${GRID_CUDA_N:-14} --backend cuda $G tests/test_cuda.py > "$R/pytest-cuda.txt" 2>&1 & pids+=($!)
+  PORTCONV_POISON=1 timeout ${GRID_TIMEOUT:-520} python3 -m pytest -n 8 --backend hip $G tests/test_hip.py > "$R/pytest-hip.txt" 2>&1 &
+  pids+=($!)
+  PORTCONV_POISON=1 PORTCONV_OPENCL_DEVICE=gpu timeout ${GRID_TIMEOUT:-520} python3 -m pytest -n 8 --backend opencl $G tests/test_opencl.py \
+    > "$R/pytest-opencl.txt" 2>&1 & pids+=($!)
 fi
 if has torch; then
   timeout ${TORCH_TIMEOUT:-560} python3 -m pytest -q -p no:cacheprovider -W ignore --backend cuda --backend cudnn --backend hip \
