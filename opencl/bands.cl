@@ -54,7 +54,8 @@ inline bands_axis bands_axis_of(int flip, idx_t Y, idx_t X, idx_t R, idx_t P, id
     return a;
 }
 
-#define BANDS_WIN_MAX ((BANDS_VH - 1) * 2 + 8)
+#define BANDS_CH_MAX (BANDS_CH > BANDS_CHP ? BANDS_CH : BANDS_CHP)
+#define BANDS_WIN_MAX ((BANDS_VH - 1) * 2 + BANDS_CH_MAX)
 #ifndef BANDS_CLIP
 #define BANDS_CLIP 0
 #endif
@@ -153,7 +154,7 @@ inline void bands(const conv_desc *d, __global const T *src, __global const T *w
     for (idx_t r1c = 0; r1c < R1c; r1c += ch) {
         for (idx_t r2 = r2lo; r2 < r2lo + n2; ++r2) {
             __local const ACC *col = col0 + r1c * cols + r2 * DL2;
-            ACC wv[8], win[BANDS_WIN_MAX];
+            ACC wv[BANDS_CH_MAX], win[BANDS_WIN_MAX];
             for (int c = 0; c < ch; ++c) wv[c] = wpl[(r1c + c) * R2 + r2];
             for (int t = 0; t < win_n; ++t) win[t] = col[t * cols];
             for (int v = 0; v < BANDS_VH; ++v)

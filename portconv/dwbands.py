@@ -24,8 +24,18 @@ def dwb_ch(r1: int) -> int:
 
 
 def dwb_vh(view: ConvView) -> int:
-    """PC_DWB_VH: output rows a thread of the 'bands' fwd / bwd-data kernels."""
-    return DWB_VH_TALL if view.R[1] >= DWB_TALL_ROWS and min(view.X[1], view.Y[1]) >= 2 * DWB_VH_TALL else DWB_VH
+    """PC_DWB_VH: output rows a thread of the 'bands' fwd / bwd-data kernels: DWB_VH_TALL for tall filters on tall
+    planes; the plane's rows where fewer than DWB_VH (Note [small planes]); else DWB_VH."""
+    if view.R[1] >= DWB_TALL_ROWS and min(view.X[1], view.Y[1]) >= 2 * DWB_VH_TALL:
+        return DWB_VH_TALL
+    return max(1, min(DWB_VH, max(view.X[1], view.Y[1])))
+
+
+# Note [small planes]: where a thread's column of VH rows is a whole plane (planes of at most DWB_VH rows: RepLKNet's
+# 13x13 and ConvNeXt's last 7x7 filters on 7x7 planes), VH is the plane's rows, so no thread forms products of rows
+# past the plane, and a step takes all the filter's rows up to DWB_CH_WHOLE (dwb_step), so no zero rows pad the
+# filter to a multiple of the step.
+DWB_CH_WHOLE = 16
 
 
 def _axis(view: ConvView, direction: str, i: int, ph: int = 0) -> tuple[int, int, int, int, int, int]:
@@ -72,8 +82,11 @@ def dwb_clips(view: ConvView, direction: str) -> bool:
 
 
 def dwb_step(view: ConvView, direction: str) -> int:
-    """PC_DWB_CH (forward, stride-1 backward-data) or PC_DWB_CHP (the stride-2 phases): filter rows a step."""
-    return dwb_ch(max(r1 for (_, r1), _ in dwb_phases(view, direction)))
+    """PC_DWB_CH (forward, stride-1 backward-data) or PC_DWB_CHP (the stride-2 phases): filter rows a step; all of
+    them up to DWB_CH_WHOLE where a thread's column covers every result row (Note [small planes])."""
+    phases = dwb_phases(view, direction)
+    r1, d1 = max(r for (_, r), _ in phases), max(d for (d, _), _ in phases)
+    return r1 if d1 <= dwb_vh(view) and r1 <= DWB_CH_WHOLE else dwb_ch(r1)
 
 
 def dw_bands(view: ConvView, direction: str, dtype: str) -> tuple[int, int, int] | None:

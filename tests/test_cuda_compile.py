@@ -755,8 +755,13 @@ def test_depthwise_bands_geometry():
     assert dwbands.dwb_vh(view_(56, 31)) == 16 and dwbands.dwb_vh(view_(56, 7)) == 8  # tall filters: 16 rows
     assert dwbands.dw_bands(view_(56, 31), "fwd", "float32") == (1, 1, (95 * 86 + 32 * 31) * 4)  # 4 groups of 16
     assert dwbands.dw_bands(view_(56, 31), "fwd", "float64") is None  # 73 KB a plane
-    r13 = dwbands.dw_bands(view_(7, 13, n=32, c=1024), "fwd", "float32")  # 7 rows: 8 a thread
-    assert r13 == (21, 1, 21 * (21 * 19 + 14 * 13) * 4)  # shared memory, not threads (36), limits the planes
+    # Note [small planes]: 7 rows, 7 a thread, all 13 filter rows a step: 19 x 19 staged, no zero filter rows
+    r13 = view_(7, 13, n=32, c=1024)
+    assert dwbands.dwb_vh(r13) == 7 and dwbands.dwb_step(r13, "fwd") == dwbands.dwb_step(r13, "bwd_data") == 13
+    assert dwbands.dw_bands(r13, "fwd", "float32") == (23, 1, 23 * (19 * 19 + 13 * 13) * 4)  # shared memory, not
+    # threads (36), limits the planes
+    assert dwbands.dwb_vh(view_(7, 7)) == 7 and dwbands.dwb_step(view_(7, 7), "fwd") == 7
+    assert dwbands.dwb_vh(view_(9, 13)) == 8 and dwbands.dwb_step(view_(9, 13), "fwd") == 7  # 9 rows: 2 a column
     assert dwbands.dw_bands(dataclasses.replace(st1, X=(1, 300, 300), Y=(1, 300, 300)), "fwd", "float32") is None
     src = (pathlib.Path(__file__).resolve().parents[1] / "cuda" / "conv_depthwise_bands.cuh").read_text()
     d = {k: int(v) for k, v in re.findall(r"#define (PC_DWB_\w+) +(\d+)", src)}

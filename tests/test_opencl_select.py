@@ -292,17 +292,17 @@ def test_clw_launch_limits_fall_to_bands():
 
 def test_bands_module_sized_for_the_directions_bands_runs(monkeypatch):
     """Where clw takes some directions (made here to leave the stride-2 backward-data to bands), the bands module of
-    the others (four phases) holds their local array only, as the CUDA set's family defines: 16 KB, not the 40 KB of
-    the forward's 51 planes a group (over the 32 KB some devices have)."""
+    the others (four phases) holds their local array only, as the CUDA set's family defines: 8 KB, not the 32 KB of
+    the forward's 51 planes a group (all the local memory some devices have)."""
     pr = problem((3, 4, 7, 9), (4, 1, 2, 2), stride=2, padding=1, groups=4, fmt="channels_last")
     real = clw.kernels
     monkeypatch.setattr(clw, "kernels", lambda *a: {**real(*a), "bwd_data": ""})
     ks = plans(pr, POCL)[1]
     assert launches(ks["grad_input"])[0][0] == "bands_bwd_data_s2" and defines(ks["grad_input"])["BANDS_BYTES"] == \
-        "16384"
+        "8192"
     monkeypatch.setattr(clw, "kernels", lambda *a: dict.fromkeys(clw.DIRECTIONS, ""))
     ks = plans(pr, POCL)[1]
-    assert [defines(ks[r])["BANDS_BYTES"] for r in ("output", "grad_input")] == ["40960", "40960"]
+    assert [defines(ks[r])["BANDS_BYTES"] for r in ("output", "grad_input")] == ["32768", "32768"]
 
 
 def test_depthwise_cl_alignment_from_layouts():
