@@ -82,11 +82,13 @@ def dwb_clips(view: ConvView, direction: str) -> bool:
 
 
 def dwb_step(view: ConvView, direction: str) -> int:
-    """PC_DWB_CH (forward, stride-1 backward-data) or PC_DWB_CHP (the stride-2 phases): filter rows a step; all of
-    them up to DWB_CH_WHOLE where a thread's column covers every result row (Note [small planes])."""
+    """PC_DWB_CH (forward, stride-1 backward-data: one define, one step for both) or PC_DWB_CHP (the stride-2
+    phases): filter rows a step; all of them up to DWB_CH_WHOLE where a thread's column covers every result row of
+    the directions the define serves (Note [small planes])."""
     phases = dwb_phases(view, direction)
-    r1, d1 = max(r for (_, r), _ in phases), max(d for (d, _), _ in phases)
-    return r1 if d1 <= dwb_vh(view) and r1 <= DWB_CH_WHOLE else dwb_ch(r1)
+    r1 = max(r for (_, r), _ in phases)
+    rows = max(view.X[1], view.Y[1]) if direction == "fwd" or view.S[1] == 1 else max(d for (d, _), _ in phases)
+    return r1 if rows <= dwb_vh(view) and r1 <= DWB_CH_WHOLE else dwb_ch(r1)
 
 
 def dw_bands(view: ConvView, direction: str, dtype: str) -> tuple[int, int, int] | None:

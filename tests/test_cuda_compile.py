@@ -762,6 +762,11 @@ def test_depthwise_bands_geometry():
     # threads (36), limits the planes
     assert dwbands.dwb_vh(view_(7, 7)) == 7 and dwbands.dwb_step(view_(7, 7), "fwd") == 7
     assert dwbands.dwb_vh(view_(9, 13)) == 8 and dwbands.dwb_step(view_(9, 13), "fwd") == 7  # 9 rows: 2 a column
+    # one define (PC_DWB_CH) serves the forward and stride-1 backward-data: one step for both, also where only one
+    # direction's rows fit a column (7 input rows under padding 8: 11 output rows; 9 input rows, padding 4: 5)
+    for hw, pad in ((7, 8), (9, 4), (7, 6)):
+        v = dataclasses.replace(view_(hw, 13), Y=(1, hw + 2 * pad - 12, hw + 2 * pad - 12), P=(0, pad, pad))
+        assert dwbands.dwb_step(v, "fwd") == dwbands.dwb_step(v, "bwd_data"), (hw, pad)
     assert dwbands.dw_bands(dataclasses.replace(st1, X=(1, 300, 300), Y=(1, 300, 300)), "fwd", "float32") is None
     src = (pathlib.Path(__file__).resolve().parents[1] / "cuda" / "conv_depthwise_bands.cuh").read_text()
     d = {k: int(v) for k, v in re.findall(r"#define (PC_DWB_\w+) +(\d+)", src)}

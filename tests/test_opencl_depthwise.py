@@ -92,6 +92,7 @@ BANDS_EDGES = [  # Note [depthwise bands] (opencl/bands.cl): (id, shape (C, *spa
     ("13x13-11x11", (2, 11, 11), (13, 13), 1, 6, 1, 2),  # 13 filter rows in steps of 7 (one zero row)
     ("13x13-7x7", (3, 7, 7), (13, 13), 1, 6, 1, 2),  # 7 of 13 columns a work-item (Note [bands columns])
     ("13x13-5x5-pad13", (2, 5, 5), (13, 13), 1, 13, 1, 1),  # clipped forward: edge outputs read no column
+    ("13x13-7x7-pad8", (2, 7, 7), (13, 13), 1, 8, 1, 1),  # 11 output rows, 7 input rows: one step for both
     ("7x7-48x48-bands", (2, 48, 48), (7, 7), 1, 3, 1, 3),  # bands of 40 rows; split weight gradient
 ]
 
