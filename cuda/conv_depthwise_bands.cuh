@@ -60,6 +60,13 @@ PC_DEVICE pc_idx pc_dwb_div(pc_idx e, float r) { return (pc_idx)(((float)e + 0.5
  *   thread with elements whatever the rows' width; rows narrower than a warp (14x14 planes) take more rounds in the
  *   row form and measured slower there, as did the stride-1 planes of ConvNeXt (docs/kernels/depthwise.md).
  * The weight gradient stages in the element form, one load at a time. */
+/* Note [staged loads]: the source offset of plane p's image n = p / K and channel k / m (K planes an image, m output
+ * channels an input channel); the image by pc_dwb_div where fk (every p of the block below 2**22). */
+PC_DEVICE pc_idx pc_dwb_plane(pc_idx p, pc_idx K, pc_idx m, float rk, bool fk, pc_idx s0, pc_idx s1) {
+    const pc_idx n = fk ? pc_dwb_div(p, rk) : p / K, k = p - n * K;
+    return n * s0 + (m == 1 ? k : k / m) * s1;
+}
+
 PC_DEVICE pc_idx pc_dwb_lanes(pc_idx cols) {
     pc_idx lw = 32;
     while (lw > 4 && lw / 2 >= cols) lw /= 2;
@@ -128,6 +135,7 @@ PC_DEVICE void pc_dw_bands(const pc_conv_args &a) {
     pc_acc_t *wsm = pool + P * plane;
     const float rc = 1.0f / (float)cols, rr = 1.0f / (float)rows, rk = 1.0f / (float)K;
     const bool fk = NK + P <= (1 << 22); /* every p of the block divides by K as pc_dwb_div */
+    const pc_idx sS0 = (pc_idx)srcS[0], sS1 = (pc_idx)srcS[1];
     constexpr bool ROWS = S == 2 && FLIP == 0; /* Note [staged loads]: the row form, else the element form */
     const pc_idx nrows = P * rows, LW = pc_dwb_lanes(cols), nq = (pc_idx)blockDim.x / LW;
     for (pc_idx r0 = (pc_idx)threadIdx.x / LW; ROWS && r0 < nrows; r0 += PC_DWB_SU * nq) {
@@ -135,11 +143,9 @@ PC_DEVICE void pc_dw_bands(const pc_conv_args &a) {
         bool ok[PC_DWB_SU];
 #pragma unroll
         for (int su = 0; su < PC_DWB_SU; ++su) {
-            const pc_idx r = r0 + su * nq, pl = pc_dwb_div(r, rr), p = p0 + pl;
-            const pc_idx n = fk ? pc_dwb_div(p, rk) : p / K, k = p - n * K, c = m == 1 ? k : k / m;
-            const pc_idx i1 = i1b + r - pl * rows;
+            const pc_idx r = r0 + su * nq, pl = pc_dwb_div(r, rr), p = p0 + pl, i1 = i1b + r - pl * rows;
             ok[su] = r < nrows && p < NK && i1 >= 0 && i1 < Src1;
-            at[su] = ok[su] ? n * (pc_idx)srcS[0] + c * (pc_idx)srcS[1] + i1 * (pc_idx)srcS[3] : 0;
+            at[su] = ok[su] ? pc_dwb_plane(p, K, m, rk, fk, sS0, sS1) + i1 * (pc_idx)srcS[3] : 0;
         }
         for (pc_idx j = (pc_idx)threadIdx.x % LW; j < cols; j += LW) {
             const pc_idx i2 = j - A2.p;
@@ -159,10 +165,9 @@ PC_DEVICE void pc_dw_bands(const pc_conv_args &a) {
         for (int su = 0; su < PC_DWB_SU; ++su) {
             const pc_idx e = e0 + su * (pc_idx)blockDim.x;
             const pc_idx pr = pc_dwb_div(e, rc), j = e - pr * cols, pl = pc_dwb_div(pr, rr), p = p0 + pl;
-            const pc_idx n = fk ? pc_dwb_div(p, rk) : p / K, k = p - n * K, c = m == 1 ? k : k / m;
             const pc_idx i1 = i1b + pr - pl * rows, i2 = j - A2.p;
             v[su] = e < P * plane && p < NK && i1 >= 0 && i1 < Src1 && i2 >= 0 && i2 < Src2
-                        ? (pc_acc_t)pc_ld(src, n * (pc_idx)srcS[0] + c * (pc_idx)srcS[1] + i1 * (pc_idx)srcS[3] +
+                        ? (pc_acc_t)pc_ld(src, pc_dwb_plane(p, K, m, rk, fk, sS0, sS1) + i1 * (pc_idx)srcS[3] +
                                           i2 * (pc_idx)srcS[4])
                         : (pc_acc_t)0;
         }

@@ -28,6 +28,12 @@
 /* e / d for 0 <= e < 2**22 from r = 1.0f / d (as pc_dwb_div): exact, no integer division (Note [staged loads]). */
 inline idx_t bands_div(idx_t e, float r) { return (idx_t)(((float)e + 0.5f) * r); }
 
+/* The source offset of plane p's image and channel (as pc_dwb_plane, Note [staged loads]). */
+inline idx_t bands_plane(idx_t p, idx_t K, idx_t m, float rk, bool fk, idx_t s0, idx_t s1) {
+    const idx_t n = fk ? bands_div(p, rk) : p / K, k = p - n * K;
+    return n * s0 + (m == 1 ? k : k / m) * s1;
+}
+
 /* Note [staged loads] (cuda/conv_depthwise_bands.cuh): LW work-items share a staged row in the row form, 32 or the
  * power of two at least the row's width below 32 (as pc_dwb_lanes). */
 inline idx_t bands_lanes(idx_t cols) {
@@ -106,11 +112,9 @@ inline void bands(const conv_desc *d, __global const T *src, __global const T *w
         idx_t at[BANDS_SU];
         bool ok[BANDS_SU];
         for (int su = 0; su < BANDS_SU; ++su) {
-            const idx_t r = r0 + su * nq, pl = bands_div(r, rr), p = p0 + pl;
-            const idx_t n = fk ? bands_div(p, rk) : p / K, k = p - n * K, c = m == 1 ? k : k / m;
-            const idx_t i1 = i1b + r - pl * rows;
+            const idx_t r = r0 + su * nq, pl = bands_div(r, rr), p = p0 + pl, i1 = i1b + r - pl * rows;
             ok[su] = r < nrows && p < NK && i1 >= 0 && i1 < Src1;
-            at[su] = ok[su] ? so + n * s0 + c * s1 + i1 * s3 : 0;
+            at[su] = ok[su] ? so + bands_plane(p, K, m, rk, fk, s0, s1) + i1 * s3 : 0;
         }
         for (idx_t j = tid % LW; j < cols; j += LW) {
             const idx_t i2 = j - A2.p;
@@ -126,10 +130,9 @@ inline void bands(const conv_desc *d, __global const T *src, __global const T *w
         for (int su = 0; su < BANDS_SU; ++su) {
             const idx_t e = e0 + su * L;
             const idx_t pr = bands_div(e, rc), j = e - pr * cols, pl = bands_div(pr, rr), p = p0 + pl;
-            const idx_t n = fk ? bands_div(p, rk) : p / K, k = p - n * K, c = m == 1 ? k : k / m;
             const idx_t i1 = i1b + pr - pl * rows, i2 = j - A2.p;
             v[su] = e < P * plane && p < NK && i1 >= 0 && i1 < Src1 && i2 >= 0 && i2 < Src2
-                        ? (ACC)LD(src, so + n * s0 + c * s1 + i1 * s3 + i2 * s4) : (ACC)0;
+                        ? (ACC)LD(src, so + bands_plane(p, K, m, rk, fk, s0, s1) + i1 * s3 + i2 * s4) : (ACC)0;
         }
         for (int su = 0; su < BANDS_SU; ++su)
             if (e0 + su * L < P * plane) pool[e0 + su * L] = v[su];
