@@ -15,8 +15,9 @@
  *   (n, output row, strip of VWW columns) units: per unit it reads the strip of dY and the X window of row
  *   o S - P1 + r1. Lanes of one channel group and different r1 read the same dY strip (L1 hits). Splits go through
  *   portconv_split_finalize in a fixed order: deterministic, no atomics.
- * The geometry (TH, VW, VWW and the blocks an SM asked of ptxas) is the host's per dtype (DWC_GEOMETRY of
- * portconv/dwclw.py, with its evidence, shared with opencl/clw.cl); the defaults below are its 16-bit values.
+ * The geometry (TH, VW, VWW, ROWLOOP and the blocks an SM asked of ptxas, MINB and MINBW) is the host's per dtype
+ * (DWC_GEOMETRY of portconv/dwclw.py, with its evidence, shared with opencl/clw.cl); the defaults below are its 16-bit
+ * values.
  * Where the vector path does not apply (pc_dwt_vec_ok: strides, alignment, C % VC), the same bodies run with one
  * channel a lane. Channel tiles and spatial tiles are grid-stride loops, so any grid computes every output; the host
  * (portconv/dwclw.py, clw_grid and clw_splits) picks the grid that fills the GPU.
@@ -46,10 +47,16 @@
 #define PC_DWC_VWW 16 /* output columns a weight-gradient unit */
 #endif
 #ifndef PC_DWC_MINB
-#define PC_DWC_MINB 2 /* blocks an SM the kernels ask ptxas for: 2, at most 128 registers */
+#define PC_DWC_MINB 2 /* blocks an SM the forward and backward-data ask ptxas for: 2, at most 128 registers */
+#endif
+#ifndef PC_DWC_MINBW
+#define PC_DWC_MINBW 2 /* the same for the weight gradient */
 #endif
 #ifndef PC_DWC_VC
 #define PC_DWC_VC PC_DWT_VC /* channels a lane on the vector path */
+#endif
+#ifndef PC_DWC_ROWLOOP
+#define PC_DWC_ROWLOOP 0 /* 1: a tile's source rows in a loop, not unrolled (Note [clw row loop], dwclw.py) */
 #endif
 #define PC_DWC_THREADS 256
 #define PC_DWC_CTMAX 32
@@ -145,7 +152,11 @@ PC_DEVICE void pc_dwc_conv(const pc_conv_args &a, pc_acc_t *wsh) {
                 for (int v = 0; v < VW; ++v)
 #pragma unroll
                     for (int j = 0; j < VC; ++j) acc[t][v][j] = 0;
+#if PC_DWC_ROWLOOP
+#pragma unroll 1
+#else
 #pragma unroll
+#endif
             for (int i = 0; i < ROWS; ++i) {
                 const pc_idx i1 = b1 + i;
                 pc_acc_t row[WIN][VC];
@@ -264,12 +275,12 @@ PC_KERNEL void PC_LAUNCH_BOUNDS_MIN(256, PC_DWC_MINB) portconv_depthwise_bwd_dat
 }
 #endif
 #if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_bwd_weight_clw_s1)
-PC_KERNEL void PC_LAUNCH_BOUNDS_MIN(256, PC_DWC_MINB) portconv_depthwise_bwd_weight_clw_s1(const pc_conv_args a) {
+PC_KERNEL void PC_LAUNCH_BOUNDS_MIN(256, PC_DWC_MINBW) portconv_depthwise_bwd_weight_clw_s1(const pc_conv_args a) {
     pc_dwc_bwd_weight_any<1>(a);
 }
 #endif
 #if !defined(PC_ONLY) || defined(PC_ONLY_portconv_depthwise_bwd_weight_clw_s2)
-PC_KERNEL void PC_LAUNCH_BOUNDS_MIN(256, PC_DWC_MINB) portconv_depthwise_bwd_weight_clw_s2(const pc_conv_args a) {
+PC_KERNEL void PC_LAUNCH_BOUNDS_MIN(256, PC_DWC_MINBW) portconv_depthwise_bwd_weight_clw_s2(const pc_conv_args a) {
     pc_dwc_bwd_weight_any<2>(a);
 }
 #endif

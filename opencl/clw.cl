@@ -32,7 +32,7 @@
  * the weight gradient's splits d.total and units a split d.red.
  *
  * Defines (host): the dtype, optional IDX64, CLW_R1, CLW_R2, and the dtype's geometry CLW_VC, CLW_TH, CLW_VW,
- * CLW_VWW (portconv/dwclw.py, DWC_GEOMETRY); the defaults below are its 16-bit values.
+ * CLW_VWW, CLW_ROWLOOP (portconv/dwclw.py, DWC_GEOMETRY); the defaults below are its 16-bit values.
  */
 #include "common.h"
 
@@ -50,6 +50,9 @@
 #endif
 #ifndef CLW_VWW
 #define CLW_VWW 16 /* output columns a weight-gradient unit */
+#endif
+#ifndef CLW_ROWLOOP
+#define CLW_ROWLOOP 0 /* 1: a tile's source rows in a loop, not unrolled (Note [clw row loop], dwclw.py) */
 #endif
 #define CLW_THREADS 256 /* work-items a group (the host's THREADS) */
 #define CLW_CTMAX 32    /* channel groups a group at most (DWC_CTMAX) */
@@ -232,6 +235,9 @@ inline void clw_tiles(const conv_desc *d, __global const T *src, __global const 
         for (int t = 0; t < TH; ++t)
             for (int v = 0; v < VW; ++v)
                 for (int j = 0; j < vc; ++j) acc[t][v][j] = 0;
+#if CLW_ROWLOOP
+#pragma unroll 1
+#endif
         for (int i = 0; i < ROWS; ++i) {
             const idx_t i1 = b1 + i;
             ACC row[CLW_WIN][CLW_VC];

@@ -30,7 +30,9 @@ class Geometry(NamedTuple):
     vw: int  # output columns a lane
     vw_s2: int  # output columns a lane in a stride-2 module (its forward and backward-data phases)
     vww: int  # output columns a weight-gradient unit
-    minb: int  # blocks an SM asked of ptxas (CUDA/HIP only)
+    minb: int  # blocks an SM asked of ptxas for the forward and backward-data (CUDA/HIP only)
+    minbw: int  # the same for the weight gradient
+    row_loop: bool  # the forward / backward-data walk its source rows in a loop, not unrolled (Note [clw row loop])
 
 
 # H100 sweeps over ConvNeXt's 7x7 and EfficientNet's 5x5 channels-last rows: 16-bit types 4 channels, 1 x 8 at 2 blocks
@@ -40,10 +42,20 @@ class Geometry(NamedTuple):
 # 1 x 8; one channel 4 x 8 ran it in 0.179 ms but effnet-dw5x5-s2-cl's in 0.143 against 0.092). At stride 2 the
 # 16-bit forward's window of (8 - 1) 2 + R2 vectors spills (1.5 KB at 5x5): 1 x 4 ran effnet-dw5x5-s2-bf16-cl's
 # forward in 0.079 ms against 0.181. The kernels' defaults are the 16-bit stride-1 values.
-DWC_GEOMETRY = {"float16": Geometry(4, 1, 8, 4, 16, 2), "bfloat16": Geometry(4, 1, 8, 4, 16, 2),
-                "float32": Geometry(2, 4, 4, 4, 8, 1), "float64": Geometry(1, 4, 4, 4, 8, 1)}
+DWC_GEOMETRY = {"float16": Geometry(4, 1, 8, 4, 16, 2, 2, False), "bfloat16": Geometry(4, 1, 8, 4, 16, 2, 2, False),
+                "float32": Geometry(2, 4, 4, 4, 8, 3, 1, True), "float64": Geometry(1, 4, 4, 4, 8, 1, 1, True)}
 
 
+# Note [clw row loop]
+# A forward (backward-data) lane walks the (TH - 1) S + R1 source rows of its tile. Unrolled, the compiler loads rows
+# ahead of their use, and the float32 TH x VW = 4 x 4 tile took 255 registers (one block an SM at 256 lanes); in a
+# loop it takes 96, and 80 without spills at 3 blocks an SM (minb; the stride-2 forward spills 88 bytes there and
+# runs as fast). H200, held stream, one call, unrolled / loop / loop at 3 blocks: convnext-dw7x7-st1-cl forward
+# 0.1808 / 0.1418 / 0.1347 ms, backward-data 0.1692 / 0.1403 / 0.1316; -st4-cl 0.0301 / 0.0276 / 0.0249 and 0.0294 /
+# 0.0274 / 0.0244; effnet-dw5x5-s2-cl 0.0750 / 0.0688 / 0.0700 and 0.1284 / 0.1128 / 0.0932 (phases). The weight
+# gradient ran 2-7% slower at 3 blocks (convnext-dw7x7-st2-cl 0.1279 -> 0.1363 ms), so it keeps its own (minbw).
+# float64, the same tile, goes from 255 to 109 registers in the loop (not timed). The 16-bit 1 x 8 tile keeps the
+# unrolled walk: in a loop effnet-dw5x5-bf16-cl's forward ran 0.0414 -> 0.0553 ms while the 7x7 rows gained 3-6%.
 def clw_vw(view: ConvView, dtype: str) -> int:
     """Output columns a lane of the view's module (PC_DWC_VW, CLW_VW): the dtype's vw, vw_s2 at stride 2."""
     g = DWC_GEOMETRY[dtype]
@@ -108,6 +120,7 @@ def clw_splits(view: ConvView, dtype: str, units: int) -> tuple[int, int, int]:
 
 def clw_defines(view: ConvView, dtype: str) -> dict[str, int]:
     """The compile-time values of a view's clw module by their names without the set's prefix (PC_DWC_ in the CUDA
-    set, CLW_ in the OpenCL set): the filter (R1, R2) and the dtype's geometry (VC, TH, VW by stride, VWW)."""
+    set, CLW_ in the OpenCL set): the filter (R1, R2) and the dtype's geometry (VC, TH, VW by stride, VWW, ROWLOOP)."""
     g = DWC_GEOMETRY[dtype]
-    return {"R1": view.R[1], "R2": view.R[2], "VC": g.vc, "TH": g.th, "VW": clw_vw(view, dtype), "VWW": g.vww}
+    return {"R1": view.R[1], "R2": view.R[2], "VC": g.vc, "TH": g.th, "VW": clw_vw(view, dtype), "VWW": g.vww,
+            "ROWLOOP": int(g.row_loop)}

@@ -729,8 +729,9 @@ def test_depthwise_clw_constants():
     from portconv import dwclw as D
 
     src = (pathlib.Path(__file__).resolve().parents[1] / "cuda" / "conv_depthwise_clw.cuh").read_text()
-    _, th, vw, _, vww, minb = D.DWC_GEOMETRY["bfloat16"]  # VC and VW by stride: always the host's (clw_defines)
+    _, th, vw, _, vww, minb, minbw, row_loop = D.DWC_GEOMETRY["bfloat16"]  # VC, VW by stride: the host's always
     for name, value in (("PC_DWC_TH", th), ("PC_DWC_VW", vw), ("PC_DWC_VWW", vww), ("PC_DWC_MINB", minb),
+                        ("PC_DWC_MINBW", minbw), ("PC_DWC_ROWLOOP", int(row_loop)),
                         ("PC_DWC_CTMAX", D.DWC_CTMAX), ("PC_DWC_THREADS", view.THREADS)):
         assert re.search(rf"#define {name} {value}\b", src), name
 

@@ -106,8 +106,8 @@ def test_clw_kernel_constants_match_the_host():
     src = (pathlib.Path(__file__).resolve().parents[1] / "opencl" / "clw.cl").read_text()
     d = {k: int(v) for k, v in re.findall(r"#define (CLW_\w+) +(\d+)", src)}
     g = dwclw.DWC_GEOMETRY["bfloat16"]
-    assert (d["CLW_THREADS"], d["CLW_CTMAX"], d["CLW_VC"], d["CLW_TH"], d["CLW_VW"], d["CLW_VWW"]) == (
-        dwclw.THREADS, dwclw.DWC_CTMAX, g.vc, g.th, g.vw, g.vww)
+    assert (d["CLW_THREADS"], d["CLW_CTMAX"], d["CLW_VC"], d["CLW_TH"], d["CLW_VW"], d["CLW_VWW"],
+            d["CLW_ROWLOOP"]) == (dwclw.THREADS, dwclw.DWC_CTMAX, g.vc, g.th, g.vw, g.vww, int(g.row_loop))
     assert dwclw.DWC_GEOMETRY["float16"] == g and dwclw.DWC_GEOMETRY["float64"].vc == 1
     assert all(dwclw.DWC_GEOMETRY[t].vc in (1, 2, 4) for t in dwclw.DWC_GEOMETRY)  # the kernel's #error otherwise
 

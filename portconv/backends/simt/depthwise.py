@@ -197,7 +197,8 @@ class ViewKernels:
         # clw]: the filter and the dtype's geometry.
         ks = tuple(self.kernels[d] for d in DIRECTIONS)
         bands = tuple(k if k.startswith("bands") else "" for k in ks)
-        clw = {**clw_defines(view, dtype), "MINB": DWC_GEOMETRY[dtype].minb} if any(k.startswith("clw") for k in ks) \
+        g = DWC_GEOMETRY[dtype]
+        clw = {**clw_defines(view, dtype), "MINB": g.minb, "MINBW": g.minbw} if any(k.startswith("clw") for k in ks) \
             else {}
         self.family_defines: dict[str, dict[str, int]] = {
             "rows": {} if self.rows_v == DW_V else {"PC_DW_V": self.rows_v},
