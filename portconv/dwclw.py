@@ -54,8 +54,10 @@ DWC_GEOMETRY = {"float16": Geometry(4, 1, 8, 4, 16, 2, 2, False), "bfloat16": Ge
 # 0.1808 / 0.1418 / 0.1347 ms, backward-data 0.1692 / 0.1403 / 0.1316; -st4-cl 0.0301 / 0.0276 / 0.0249 and 0.0294 /
 # 0.0274 / 0.0244; effnet-dw5x5-s2-cl 0.0750 / 0.0688 / 0.0700 and 0.1284 / 0.1128 / 0.0932 (phases). The weight
 # gradient ran 2-7% slower at 3 blocks (convnext-dw7x7-st2-cl 0.1279 -> 0.1363 ms), so it keeps its own (minbw).
-# float64, the same tile, goes from 255 to 109 registers in the loop (not timed). The 16-bit 1 x 8 tile keeps the
-# unrolled walk: in a loop effnet-dw5x5-bf16-cl's forward ran 0.0414 -> 0.0553 ms while the 7x7 rows gained 3-6%.
+# float64 takes the same tile and loop (255 -> 109 registers under ptxas; on GPUs its results are NCHW, so it runs
+# here on CPU OpenCL only). The 16-bit 1 x 8 tile keeps the unrolled walk: in a loop effnet-dw5x5-bf16-cl's forward
+# ran 0.0414 -> 0.0553 ms while the 7x7 rows gained 3-6%. opencl/clw.cl takes the same define: NVIDIA's OpenCL (H200)
+# and PoCL (2-core Xeon, 7x7 float32 and float64) ran as fast with it as without.
 def clw_vw(view: ConvView, dtype: str) -> int:
     """Output columns a lane of the view's module (PC_DWC_VW, CLW_VW): the dtype's vw, vw_s2 at stride 2."""
     g = DWC_GEOMETRY[dtype]
