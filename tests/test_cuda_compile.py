@@ -659,6 +659,39 @@ def test_depthwise_bands_on_cpu(emu_backend, case, monkeypatch):
         assert max(splits) >= 2, splits
 
 
+@pytest.mark.parametrize("stride", [1, 2])
+def test_depthwise_bands_planes_past_the_float_division(emu_backend, monkeypatch, stride):
+    """Note [staged loads]: where a view has 2**22 planes or more (N K + P > 2**22), the bands forward and
+    backward-data find a staged plane's image by integer division (pc_dwb_div is exact below 2**22 only), in the
+    element form (stride 1) and the row form (the stride-2 forward). Two channels-last images of 2**21 + 20 channels
+    of 2 x 3 with a 2 x 2 filter (the clw kernels off), float32 against float64 formed tap by tap, outputs poisoned
+    (the OpenCL set's twin: tests/test_opencl_depthwise.py)."""
+    monkeypatch.setattr(depthwise, "clw_kernels", lambda *a: ("", "", ""))
+    c = (1 << 21) + 20
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, c, 2, 3, generator=g).contiguous(memory_format=torch.channels_last)
+    w, b = torch.randn(c, 1, 2, 2, generator=g), torch.randn(c, generator=g)
+    params = ConvParams.make(2, stride, 0, 1, False, 0, c, weight_shape=tuple(w.shape))
+    p = run_plan(emu_backend, monkeypatch, Problem(params, spec_of(x), spec_of(w), True))
+    y = p.forward(x, w, b)
+    go = torch.randn(y.shape, generator=g)
+    gx = p.backward(go, x, w, (True, False, False))[0]
+    names = {x_.kernel for x_ in emu_backend.launches()}
+    assert {f"portconv_depthwise_fwd_bands_s{stride}", f"portconv_depthwise_bwd_data_bands_s{stride}"} <= names, names
+    xd, wd, god = x.double(), w.double()[:, 0], go.double()
+    y1, y2 = god.shape[2:]
+    at = [(a, e, (slice(None), slice(None), slice(a, a + stride * (y1 - 1) + 1, stride),
+                  slice(e, e + stride * (y2 - 1) + 1, stride))) for a in range(2) for e in range(2)]
+    ry = b.double()[None, :, None, None] + sum(xd[ix] * wd[None, :, a, e, None, None] for a, e, ix in at)
+    rgx = torch.zeros_like(xd)
+    for a, e, ix in at:
+        rgx[ix] += god * wd[None, :, a, e, None, None]
+    for name, got, ref in (("output", y, ry), ("grad_input", gx, rgx)):
+        assert not torch.isnan(got).any(), f"{name}: unwritten (NaN) elements"
+        err = ((got.double() - ref).norm() / ref.norm()).item()
+        assert err < _tol(torch.float32), f"{name}: relative error {err:.3g}"
+
+
 CLW_CASES = [  # Note [depthwise clw]: channels-last filters of 2 to 9 taps an axis, not 3 along the last
     EmuCase(2, 2, 8, 8, 9, 5, padding=2, groups=8, layout="chlast"),  # vector path in every dtype
     EmuCase(2, 2, 12, 12, 10, 7, padding=3, groups=12, layout="chlast"),  # ConvNeXt's 7x7; weight splits > 1
