@@ -201,10 +201,15 @@ def _remember_call(owner, key, akey, mode: int, args: tuple, entry: tuple) -> No
         _remember(owner, akey, args, None if aten else entry, akey[0][1])
 
 
+def aten_module(transposed: bool, groups: int, backend, input) -> bool:
+    """Note [ATen's modules]: a public eager call whose automatic plan is ATen's for every problem, with no tracer,
+    transform or other plan in force: PyTorch's own call is the whole answer (converted modules ask it first)."""
+    return backend is None and policy.never_own(transposed, groups) and fastpath.plain_eager(input) and automatic()
+
+
 def _convnd(rank: int, name: str, input, weight, bias, stride, padding, dilation, groups, backend,
             transposed=False, output_padding=0, mode: int = 0, memo_owner=None):
-    if (mode == 0 and backend is None and policy.never_own(transposed, groups) and fastpath.plain_eager(input)
-            and automatic()):  # Note [ATen's modules]
+    if mode == 0 and aten_module(transposed, groups, backend, input):  # Note [ATen's modules]
         return composite.torch_convnd(name, input, weight, bias, stride, padding, dilation, groups, output_padding)
     akey, args = None, (stride, padding, dilation, groups, output_padding)
     if mode == 0 and fastpath.special():  # Note [eager and traced calls]

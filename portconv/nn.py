@@ -30,6 +30,8 @@ class _ConvNd(_PortconvMixin):
     _name = ""  # the torch.nn.functional name: conv1d, conv2d, conv3d
 
     def _conv_forward(self, input, weight, bias):
+        if F.aten_module(False, self.groups, self.backend, input):  # Note [ATen's modules]: torch.nn's own call
+            return self._torch_class._conv_forward(self, input, weight, bias)
         padding = self.padding
         if self.padding_mode != "zeros":
             input = torch.nn.functional.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
@@ -43,6 +45,8 @@ class _ConvTransposeNd(_PortconvMixin):
     _name = ""  # conv_transpose1d, conv_transpose2d, conv_transpose3d
 
     def forward(self, input, output_size=None):
+        if F.aten_module(True, self.groups, self.backend, input):  # Note [ATen's modules]: torch.nn's own call
+            return self._torch_class.forward(self, input, output_size)
         if self.padding_mode != "zeros":
             raise ValueError(f"Only 'zeros' padding mode is supported for {type(self).__name__}")
         output_padding = self._output_padding(input, output_size, self.stride, self.padding, self.kernel_size,
