@@ -1,4 +1,5 @@
-"""Float64 references, tolerances and inputs shared by the vendor tests (cuda, hip, cudnn) and the CPU emulator."""
+"""Float64 references, tolerances and inputs shared by the vendor tests (cuda, hip, cudnn, opencl) and the CPU
+emulator."""
 from __future__ import annotations
 
 import torch
@@ -21,6 +22,20 @@ def reference(x, w, b, p: ConvParams, go, mask=None):
     if gi is not None and any(p.padding_extra):
         gi = gi[(slice(None), slice(None)) + tuple(slice(0, s) for s in x.shape[2:])]
     return y, gi, gw, gb
+
+
+def depthwise_tap_reference(x, w, b, go, stride):
+    """The forward and grad_input of a multiplier-1 depthwise convolution without padding or dilation, in float64,
+    formed tap by tap (ATen's float64 depthwise takes minutes on millions of channels)."""
+    xd, wd, god = x.double(), w.double()[:, 0], go.double()
+    y1, y2 = god.shape[2:]
+    at = [(a, e, (slice(None), slice(None), slice(a, a + stride * (y1 - 1) + 1, stride),
+                  slice(e, e + stride * (y2 - 1) + 1, stride))) for a in range(w.shape[2]) for e in range(w.shape[3])]
+    y = b.double()[None, :, None, None] + sum(xd[ix] * wd[None, :, a, e, None, None] for a, e, ix in at)
+    gx = torch.zeros_like(xd)
+    for a, e, ix in at:
+        gx[ix] += god * wd[None, :, a, e, None, None]
+    return y, gx
 
 
 def assert_close(got, ref, dtype, what):

@@ -16,7 +16,7 @@ import zlib
 import pytest
 import torch
 from emu import EmuKernels, EmuLoader
-from gpu_refs import reference
+from gpu_refs import depthwise_tap_reference, reference
 
 from portconv import backends, dwbands
 from portconv.backends import BackendId
@@ -678,14 +678,7 @@ def test_depthwise_bands_planes_past_the_float_division(emu_backend, monkeypatch
     gx = p.backward(go, x, w, (True, False, False))[0]
     names = {x_.kernel for x_ in emu_backend.launches()}
     assert {f"portconv_depthwise_fwd_bands_s{stride}", f"portconv_depthwise_bwd_data_bands_s{stride}"} <= names, names
-    xd, wd, god = x.double(), w.double()[:, 0], go.double()
-    y1, y2 = god.shape[2:]
-    at = [(a, e, (slice(None), slice(None), slice(a, a + stride * (y1 - 1) + 1, stride),
-                  slice(e, e + stride * (y2 - 1) + 1, stride))) for a in range(2) for e in range(2)]
-    ry = b.double()[None, :, None, None] + sum(xd[ix] * wd[None, :, a, e, None, None] for a, e, ix in at)
-    rgx = torch.zeros_like(xd)
-    for a, e, ix in at:
-        rgx[ix] += god * wd[None, :, a, e, None, None]
+    ry, rgx = depthwise_tap_reference(x, w, b, go, stride)
     for name, got, ref in (("output", y, ry), ("grad_input", gx, rgx)):
         assert not torch.isnan(got).any(), f"{name}: unwritten (NaN) elements"
         err = ((got.double() - ref).norm() / ref.norm()).item()
