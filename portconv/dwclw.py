@@ -38,7 +38,7 @@ class Geometry(NamedTuple):
 # H100 sweeps over ConvNeXt's 7x7 and EfficientNet's 5x5 channels-last rows: 16-bit types 4 channels, 1 x 8 at 2 blocks
 # an SM (4 x 4 spills at that cap: the forward ran 4x slower; uncapped it ran up to 38% slower than 1 x 8); 2 channels
 # 2 x 8 ran the forward 5-25% faster but convnext-dw7x7-st1's weight gradient 28% slower (0.336 against 0.263 ms;
-# one VC serves every direction). float32 4 x 4 uncapped (convnext-dw7x7-st1-cl forward 0.214 ms against 0.297 ms at
+# one VC serves every direction). float32 4 x 4, uncapped then (convnext-dw7x7-st1-cl forward 0.214 ms against 0.297 at
 # 1 x 8; one channel 4 x 8 ran it in 0.179 ms but effnet-dw5x5-s2-cl's in 0.143 against 0.092). At stride 2 the
 # 16-bit forward's window of (8 - 1) 2 + R2 vectors spills (1.5 KB at 5x5): 1 x 4 ran effnet-dw5x5-s2-bf16-cl's
 # forward in 0.079 ms against 0.181. The kernels' defaults are the 16-bit stride-1 values.
@@ -52,8 +52,9 @@ DWC_GEOMETRY = {"float16": Geometry(4, 1, 8, 4, 16, 2, 2, False), "bfloat16": Ge
 # loop it takes 96, and 80 without spills at 3 blocks an SM (minb; the stride-2 forward spills 88 bytes there and
 # runs as fast). H200, held stream, one call, unrolled / loop / loop at 3 blocks: convnext-dw7x7-st1-cl forward
 # 0.1808 / 0.1418 / 0.1347 ms, backward-data 0.1692 / 0.1403 / 0.1316; -st4-cl 0.0301 / 0.0276 / 0.0249 and 0.0294 /
-# 0.0274 / 0.0244; effnet-dw5x5-s2-cl 0.0750 / 0.0688 / 0.0700 and 0.1284 / 0.1128 / 0.0932 (phases). The weight
-# gradient ran 2-7% slower at 3 blocks (convnext-dw7x7-st2-cl 0.1279 -> 0.1363 ms), so it keeps its own (minbw).
+# 0.0274 / 0.0244; effnet-dw5x5-s2-cl 0.0750 / 0.0688 / 0.0700 and 0.1284 / 0.1128 / 0.0932 (phases). At 3 blocks
+# the weight gradient ran up to 7% slower on three rows (convnext-dw7x7-st2-cl 0.1279 -> 0.1363 ms) and 2% faster on
+# two, so it keeps its own (minbw).
 # float64 takes the same tile and loop (255 -> 109 registers under ptxas; on GPUs its results are NCHW, so it runs
 # here on CPU OpenCL only). The 16-bit 1 x 8 tile keeps the unrolled walk: in a loop effnet-dw5x5-bf16-cl's forward
 # ran 0.0414 -> 0.0553 ms while the 7x7 rows gained 3-6%. opencl/clw.cl takes the same define: NVIDIA's OpenCL (H200)
