@@ -659,13 +659,14 @@ def test_depthwise_bands_on_cpu(emu_backend, case, monkeypatch):
         assert max(splits) >= 2, splits
 
 
-@pytest.mark.parametrize("stride", [1, 2])
-def test_depthwise_bands_planes_past_the_float_division(emu_backend, monkeypatch, stride):
+def test_depthwise_bands_planes_past_the_float_division(emu_backend, monkeypatch):
     """Note [staged loads]: where a view has 2**22 planes or more (N K + P > 2**22), the bands forward and
-    backward-data find a staged plane's image by integer division (pc_dwb_div is exact below 2**22 only), in the
-    element form (stride 1) and the row form (the stride-2 forward). Two channels-last images of 2**21 + 20 channels
-    of 2 x 3 with a 2 x 2 filter (the clw kernels off), float32 against float64 formed tap by tap, outputs poisoned
-    (the OpenCL set's twin: tests/test_opencl_depthwise.py)."""
+    backward-data find a staged plane's image by integer division (pc_dwb_div is exact below 2**22 only): at stride 2
+    the forward stages in the row form and the backward-data (phases) in the element form, so one case runs both.
+    Two channels-last images of 2**21 + 20 channels of 2 x 3 with a 2 x 2 filter (the clw kernels off), float32
+    against float64 formed tap by tap, outputs poisoned (the OpenCL set's twin, at both strides:
+    tests/test_opencl_depthwise.py). About 40 s in the emulator."""
+    stride = 2
     monkeypatch.setattr(depthwise, "clw_kernels", lambda *a: ("", "", ""))
     c = (1 << 21) + 20
     g = torch.Generator().manual_seed(0)
