@@ -67,6 +67,8 @@ PC_DEVICE pc_idx pc_dwb_plane(pc_idx p, pc_idx K, pc_idx m, float rk, bool fk, p
     return n * s0 + (m == 1 ? k : k / m) * s1;
 }
 
+/* Note [staged loads]: LW threads share a staged row in the row form: the smallest power of two from 4 to 32 that is
+ * at least the row's width, 32 for wider rows. */
 PC_DEVICE pc_idx pc_dwb_lanes(pc_idx cols) {
     pc_idx lw = 32;
     while (lw > 4 && lw / 2 >= cols) lw /= 2;

@@ -34,8 +34,8 @@ inline idx_t bands_plane(idx_t p, idx_t K, idx_t m, float rk, bool fk, idx_t s0,
     return n * s0 + (m == 1 ? k : k / m) * s1;
 }
 
-/* Note [staged loads] (cuda/conv_depthwise_bands.cuh): LW work-items share a staged row in the row form, 32 or the
- * power of two at least the row's width below 32 (as pc_dwb_lanes). */
+/* Note [staged loads] (cuda/conv_depthwise_bands.cuh): LW work-items share a staged row in the row form, the smallest
+ * power of two from 4 to 32 that is at least the row's width, 32 for wider rows (as pc_dwb_lanes). */
 inline idx_t bands_lanes(idx_t cols) {
     idx_t lw = 32;
     while (lw > 4 && lw / 2 >= cols) lw /= 2;
