@@ -36,7 +36,7 @@ from .params import ConvParams
 # forward AD and tracers keep their routes (mode 2, the custom ops), whatever the plan.
 
 
-def _request(plan):
+def request_of(plan):
     """The backend request of a plan's higher-order terms."""
     return plan.backend if plan.forced else None
 
@@ -78,6 +78,15 @@ def conv_backward(grad_output, x, w, params: ConvParams, mask, backend):
     return backward_apply(grad_output, x, w, hit[0], tuple(mask))
 
 
+def native_slow(params: ConvParams, request, grad_output, input, weight, mask) -> tuple:
+    """The native executor's node's backward where it does not run the plan's kernels itself (Note [native
+    executor]): with a graph being built (create_graph), or a grad_output that is not a plain tensor (the legacy
+    vmap's batched gradients, a functorch transform's wrapper): conv_backward, recorded, as ConvFunction's."""
+    if _legacy(grad_output):
+        return fastpath.traced.backward(grad_output, input, weight, params, mask, request)
+    return conv_backward(grad_output, input, weight, params, mask, request)
+
+
 def backward_apply(grad_output, input, weight, plan, mask) -> tuple:
     """ConvBackward's results spread to (grad_input, grad_weight, grad_bias), None where the mask is False."""
     it = iter(ConvBackward.apply(grad_output, input, weight, plan, mask))
@@ -86,13 +95,13 @@ def backward_apply(grad_output, input, weight, plan, mask) -> tuple:
 
 def _conv_of(plan):
     """derivatives' ``conv(x, w)``: conv() with ``plan``'s params and higher-order backend request, no bias."""
-    params, request = plan.problem.params, _request(plan)
+    params, request = plan.problem.params, request_of(plan)
     return lambda x, w: conv(x, w, None, params, request)
 
 
 def _backward_of(plan):
     """derivatives' ``conv_backward(grad_output, x, w, mask)``: conv_backward() with ``plan``'s params and request."""
-    params, request = plan.problem.params, _request(plan)
+    params, request = plan.problem.params, request_of(plan)
     return lambda go, x, w, mask: conv_backward(go, x, w, params, mask, request)
 
 
@@ -124,8 +133,8 @@ class ConvFunction(torch.autograd.Function):
         if not any(mask):
             return None, None, None, None
         if torch.is_grad_enabled() or torch._C._are_functorch_transforms_active() or _legacy(grad_output):
-            params, request = ctx.plan.problem.params, _request(ctx.plan)
             if _legacy(grad_output):
+                params, request = ctx.plan.problem.params, request_of(ctx.plan)
                 gi, gw, gb = fastpath.traced.backward(grad_output, input, weight, params, mask, request)
             else:
                 gi, gw, gb = backward_apply(grad_output, input, weight, ctx.plan, mask)
@@ -140,7 +149,7 @@ class ConvFunction(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, input, weight, bias, plan):
-        params, request = plan.problem.params, _request(plan)
+        params, request = plan.problem.params, request_of(plan)
 
         def run(x, w, b, groups):
             return conv(x, w, b, dataclasses.replace(params, groups=groups), request)
@@ -190,7 +199,7 @@ class ConvBackward(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, grad_output, input, weight, plan, mask):
-        params, request = plan.problem.params, _request(plan)
+        params, request = plan.problem.params, request_of(plan)
 
         def run(go, x, w, groups, m):
             return conv_backward(go, x, w, dataclasses.replace(params, groups=groups), m, request)

@@ -42,6 +42,9 @@ def _execute(p: Plan | None, input, weight, bias, params: ConvParams, mode: int 
         from .autograd import ConvFunction
 
         return ConvFunction.apply(input, weight, bias, p)
+    n = p.runner.native
+    if n is not None:  # Note [native executor]: its node, where a gradient is wanted
+        return n.conv(input, weight, bias)
     if p.aten_autograd or not fastpath.wants_grad(input, weight, bias):  # Note [ATen-recorded plans]
         return p.runner.forward(input, weight, bias)
     return (_apply or _function())(input, weight, bias, p)

@@ -19,6 +19,7 @@ OPENCL_DENSE = ("direct", "igemm")  # Note [OpenCL dense algorithm]
 OPENCL_TC = ("off", "ptx", "portable")  # Note [OpenCL tensor cores]
 ALGORITHMS = ("direct", "implicit_gemm", "igemm-tc", "depthwise")  # the own kernel sets' families
 TC_TILES = ("128x128", "128x64", "64x128", "128x16")  # Note [tile rule] (cuda/conv_igemm_tc.cuh)
+NATIVE = ("auto", "wait", "off")  # Note [native executor]
 
 
 def _flag(name: str, v: str) -> bool:
@@ -97,6 +98,9 @@ KNOBS: tuple[Knob, ...] = (
          "threads that compile a plan's CUDA/HIP kernels ahead of its first calls (default: up to 8, one per CPU); "
          "0: each kernel compiles when first launched (Note [compile ahead])"),
     Knob("PORTCONV_TUNE", "tune", _flag, "1: time the candidate backends once per problem and keep the fastest"),
+    Knob("PORTCONV_NATIVE", "native", _one_of(NATIVE),
+         "the native executor (Note [native executor]): auto (built in the background at first use, the default), "
+         "wait (built at first use, waited for), off (every call in Python)"),
     Knob("PORTCONV_CUDA_PDL", "cuda_pdl", _flag,
          "0: launch split finalizes the ordinary way, not as dependent launches (Note [dependent launch])"),
 )
@@ -135,6 +139,7 @@ class Env(_HashedOnce):
     compile_threads: int | None = None  # None: compile.ahead_threads() picks
     tune: bool = False
     cuda_pdl: bool = True
+    native: str = "auto"
 
     @classmethod
     def read(cls, environ=None) -> Env:

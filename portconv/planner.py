@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable
 
 from . import backends as _backends
-from . import knobs, policy, validate
+from . import knobs, native, policy, validate
 from .backends import BackendId, Choice, Runner
 from .backends.program import RESULTS, KernelPlan
 from .device import DeviceInfo
@@ -109,7 +109,10 @@ class Plan:
                    ("versions", self.device.describe_versions())) if device else ()),
                 ("math", self.math),
                 ("autograd", "ATen records the forward's calls (their backward is the plan's gradients)"
-                 if self.aten_autograd else "portconv's autograd.Function runs the plan's gradients"),
+                 if self.aten_autograd else f"the native executor's C++ node ({native.status()}; Note [native "
+                 "executor]), else portconv's autograd.Function, runs the plan's gradients"
+                 if getattr(self.runner, "supports_native", False)
+                 else "portconv's autograd.Function runs the plan's gradients"),
                 ("compiled", "Inductor: aten.convolution and its backward, as PyTorch compiles them (static sizes)"
                  if self.compiled_as_aten else "Inductor: the portconv ops run this plan (" + (
                      "a forced backend)" if self.forced else "OWN_KERNEL_WINS: faster compiled too)"))]
@@ -139,10 +142,13 @@ def build(problem: Problem, bid: BackendId, device: DeviceInfo, choice: Choice, 
     """The Plan of a chosen backend: its prepare() decides the kernels and makes the runner."""
     kernels, runner = _backends.get(bid).prepare(problem, device, choice, options)
     order = {r: i for i, r in enumerate(RESULTS)}
-    return Plan(problem=problem, backend=bid, algorithm=choice.algorithm, memory_format=choice.memory_format,
+    plan = Plan(problem=problem, backend=bid, algorithm=choice.algorithm, memory_format=choice.memory_format,
                 reason=choice.reason, device=device, math=choice.math, rejected=rejected, forced=forced,
                 options=options, kernels=tuple(sorted(kernels, key=lambda k: order[k.result])),
                 aten_autograd=bool(getattr(runner, "aten_autograd", False)), runner=runner)
+    if getattr(runner, "supports_native", False):
+        native.offer(plan)  # Note [native executor]
+    return plan
 
 
 def attempt(bid: BackendId, problem: Problem, options: Options) -> tuple[DeviceInfo, Choice]:

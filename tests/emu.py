@@ -51,10 +51,11 @@ class EmuKernels:
 class EmuLoader:
     """program.Loader on the CPU: every Program it loads is kept (``programs``), its buffers are torch CPU tensors
     (results NaN-poisoned under PORTCONV_POISON, workspaces and staging copies always NaN: an unwritten read shows),
-    its launches run through the same Executable as the GPU's, the emulator's pc_emu_launch in place of the driver."""
+    its launches run through the same Executable as the GPU's, the emulator's pc_emu_launch in place of the driver.
+    ``native``: its plans get the native executor (Note [native executor]), whose Executables launch the same way."""
 
-    def __init__(self, kernels: EmuKernels, wave: int = 1):
-        self.kernels, self.wave = kernels, wave
+    def __init__(self, kernels: EmuKernels, wave: int = 1, native: bool = False):
+        self.kernels, self.wave, self.supports_native = kernels, wave, native
         self.programs: list[Program] = []
 
     def key(self, t) -> tuple | None:
@@ -77,6 +78,18 @@ class EmuLoader:
             steps.append((_BLOCK(*x.args), tuple((b.slot, b.role) for b in x.binds), (lib, fn, x.grid, x.block)))
         allocs = tuple((b.role, self._alloc(b), b.result) for b in program.buffers)
         return Executable(allocs, steps, program.outputs, lambda t: t.data_ptr(), lambda: 0, self._go)
+
+    def load_native(self, program: Program, anchor, poison: bool):
+        from portconv import native
+        from portconv.backends.simt.runtime import native_parts
+
+        self.programs.append(program)
+
+        def launch_of(x):
+            lib, fn = self.kernels.function(x.module, 0, x.kernel)
+            return fn, 2, ctypes.cast(lib.pc_emu_launch, ctypes.c_void_p).value
+        parts = native_parts(program, launch_of, always_nan=True)
+        return native.executable(-1, 0, *parts, (0, 0, 0, 0, 0), poison, lambda who: None)
 
     @staticmethod
     def _alloc(b):

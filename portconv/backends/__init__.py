@@ -47,9 +47,12 @@ class Runner(Protocol):
     ``aten_autograd`` (Note [ATen-recorded plans]): forward is made of differentiable ATen calls whose recorded
     backward is exactly backward() (the same ATen call with the same arguments), so eager autograd may record
     forward as it is, at PyTorch's own host cost, instead of through portconv's autograd.Function.
+    ``native``: the native executor's Runner that runs the calls instead, once the plan has one (ProgramRunner only:
+    Note [native executor]).
     """
 
     aten_autograd: bool = False
+    native = None
 
     def forward(self, input, weight, bias):
         """The output, in the caller's tensor type."""

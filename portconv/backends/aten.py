@@ -17,6 +17,7 @@ class AtenRunner:
     whose backward is aten.convolution_backward with these arguments: backward() itself (aten_autograd)."""
 
     aten_autograd = True
+    native = None
 
     def __init__(self, problem):
         import torch

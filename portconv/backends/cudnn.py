@@ -101,6 +101,8 @@ def choose_for(problem: Problem, ctx, tf32: bool, tf32_setting: str) -> tuple[Ch
 class CudnnRunner:
     """aten.cudnn_convolution(_transpose) forward, and aten.convolution_backward on the gradients' route."""
 
+    native = None
+
     def __init__(self, problem: Problem, route: _Route, tf32: bool):
         import torch
 

@@ -151,6 +151,8 @@ class MiopenBackend(Backend):
 class MiopenRunner:
     """aten.miopen_* forward and aten.convolution_backward, in the plan's memory format."""
 
+    native = None
+
     def __init__(self, problem: Problem, choice: Choice):
         import torch
 

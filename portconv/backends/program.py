@@ -147,13 +147,36 @@ def _plain(t):
 
 class ProgramRunner:
     """Runs a plan's calls: one executable per (call, mask, operand layouts), built on its first call. ``ahead``:
-    the plan's KernelPlans, whose kernels the first call hands to loader.prefetch (Note [compile ahead])."""
+    the plan's KernelPlans, whose kernels the first call hands to loader.prefetch (Note [compile ahead]).
+    ``native``: the native executor's Runner of this plan once it has one (Note [native executor]), which then runs
+    every call; ``native_poison``: PORTCONV_POISON as the plan was offered to it."""
+
+    native = None
+    native_poison = False
 
     def __init__(self, build: Builder, loader: Loader, ahead: tuple[KernelPlan, ...] = ()):
         self.build, self.loader = build, loader
         self._ahead = Program.of(ahead, ()) if ahead else None
         self._forward: dict[tuple, Callable] = {}
         self._backward: dict[tuple, Callable] = {}
+
+    @property
+    def supports_native(self) -> bool:
+        return getattr(self.loader, "supports_native", False)
+
+    def native_executable(self, call: str, mask: tuple, operands: tuple):
+        """The native Executable of a call's operands ((input, weight, bias) or (grad_output, input, weight), as the
+        native Runner passes them: negative views resolved, the bias in the input's dtype), from the same Program
+        the Python path would load."""
+        lay = self.loader.layout
+        layouts = tuple(lay(t) for t in operands)
+        outputs = ("output",) if call == "forward" else backward_outputs(mask)
+        prog = Program.of(self.build(call, mask, layouts), outputs)
+        anchor = operands[0] if call == "forward" else operands[1]
+        if self._ahead is not None:
+            ahead, self._ahead = self._ahead, None
+            self.loader.prefetch(ahead, anchor)
+        return self.loader.load_native(prog, anchor, self.native_poison)
 
     def _load(self, program: Program, anchor) -> Callable:
         if self._ahead is not None:
@@ -162,6 +185,8 @@ class ProgramRunner:
         return self.loader.load(program, anchor)
 
     def forward(self, input, weight, bias):
+        if self.native is not None:
+            return self.native.forward(input, weight, bias)
         input, weight, bias = _plain(input), _plain(weight), _plain(bias)
         if bias is not None and bias.dtype != input.dtype:  # Note [slow kernels' bias dtype] (validate.py)
             bias = bias.to(input.dtype)
@@ -178,6 +203,8 @@ class ProgramRunner:
     def backward(self, grad_output, input, weight, mask):
         if not any(mask):
             return None, None, None
+        if self.native is not None:
+            return self.native.backward(grad_output, input, weight, mask)
         grad_output, input, weight = _plain(grad_output), _plain(input), _plain(weight)
         k = self.loader.key
         key = (mask, k(grad_output), k(input), k(weight))
@@ -193,6 +220,8 @@ class ProgramRunner:
 class EmptyRunner:
     """The Runner of an empty problem (ATen's Empty backend: a batch or channel count of zero): no kernel runs, the
     results are what PyTorch returns (validate.empty_forward / empty_backward)."""
+
+    native = None
 
     def __init__(self, problem):
         self.problem = problem

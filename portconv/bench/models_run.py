@@ -4,6 +4,7 @@ from __future__ import annotations
 import datetime
 import time
 
+from .. import native
 from . import models, settings, timing
 
 
@@ -41,6 +42,8 @@ def run_cell(spec: models.ModelSpec, dtype: str, layout: str, mode: str, opts: m
     if opts.loss_f64 and dtype == "float32" and firsts:
         cell["float64_losses"] = float64_losses(base, spec, data, fmt, opts, device, log)
     members = [m for m in members if m[0] in firsts]
+    native.wait()  # Note [native executor]: the timed steps are the steady state, once its build (if any) is done
+    cell["native"] = native.status()
     timed = _TimedHost(clock, host)  # Note [host phases]: the timed steps' phases
     ms = timing.measure_interleaved(timed, [(m[1], None) for m in members], [None],
                                     turn_runs=models.TURN if len(members) > 1 else None, runs=opts.steps,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 
@@ -31,7 +32,7 @@ from ... import knobs
 from ...device import DeviceInfo, torch_cuda
 from ...errors import VendorImportError
 from ...problem import Layout
-from ..program import Buffer, Launch, Program
+from ..program import OPERANDS, Buffer, Launch, Program
 from . import nvidia
 from .compile import FORK, import_cupy, is_hip
 from .view import ARG_COUNT
@@ -61,6 +62,10 @@ class DriverLaunch:
                                                                             ctypes.c_void_p, ctypes.c_void_p]
         self._launch.restype = ctypes.c_int
         self._launch_ex = getattr(lib, "cuLaunchKernelEx", None)  # CUDA 12.0 drivers and newer
+        address = lambda f: 0 if f is None else ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
+        # the native executor's entry points (Note [native executor]), in executor.cpp's Driver order
+        self.addresses = tuple(address(f) for f in (self._launch, self._launch_ex, lib.cuCtxGetCurrent,
+                                                     lib.cuCtxSetCurrent, lib.cuGetErrorName))
         if self._launch_ex is not None:
             self._launch_ex.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p,
                                         ctypes.c_void_p]
@@ -189,6 +194,23 @@ class Executable:
         return tuple(None if r is None else vals[r] for r in self.outputs)
 
 
+def native_parts(program: Program, launch_of: Callable[[Launch], tuple[int, int, int]],
+                 always_nan: bool = False) -> tuple[list, list, list]:
+    """A Program as the native Executable takes it (Note [native executor]): roles as numbers (the operands, then the
+    buffers), buffers (role, shape, strides, dtype, result, always NaN), steps (argument block, binds, then
+    ``launch_of``'s function address, kind and emulator launch; grid, block between), outputs (role or -1)."""
+    roles = {r: i for i, r in enumerate(OPERANDS)}
+    roles.update((b.role, len(OPERANDS) + i) for i, b in enumerate(program.buffers))
+    buffers = [(roles[b.role], b.shape, b.strides, b.dtype, b.result, always_nan and not b.result)
+               for b in program.buffers]
+    steps = []
+    for x in program.launches:
+        fn, kind, emu = launch_of(x)
+        args = list(x.args) + [0] * (ARG_COUNT - len(x.args))
+        steps.append((args, [(b.slot, roles[b.role]) for b in x.binds], fn, x.grid, x.block, kind, emu))
+    return buffers, steps, [-1 if r is None else roles[r] for r in program.outputs]
+
+
 class Loader:
     """program.Loader of the simt set: a Program's kernels fetched from the kernel set, its launch heads and blocks
     made once; memory from torch (``memory`` 'torch') or CuPy ('cupy'), launches through the driver on NVIDIA (no
@@ -277,6 +299,24 @@ class Loader:
         allocs = tuple((b.role, self._alloc(b, device), b.result) for b in program.buffers)
         ptr = (lambda t: t.data_ptr()) if self.memory == "torch" else (lambda a: a.data.ptr)
         return Executable(allocs, steps, program.outputs, ptr, self._stream(device), self._go(device))
+
+    @property
+    def supports_native(self) -> bool:
+        """The native executor can run this loader's Programs: torch tensors, launched through NVIDIA's driver."""
+        return self.memory == "torch" and self.driver is not None
+
+    def load_native(self, program: Program, anchor, poison: bool):
+        """load(), as the native executor's Executable (Note [native executor])."""
+        from ... import native
+
+        FORK.check("CUDA/HIP kernels")
+        device = self._device(anchor)
+        pdl = self.driver.has_ex and knobs.env().cuda_pdl and self.nv.compute_capability(device) >= 90
+
+        def launch_of(x: Launch) -> tuple[int, int, int]:
+            return self.kernels.function(x.module, device, x.kernel).ptr, int(pdl and x.dependent), 0
+        parts = native_parts(program, launch_of)
+        return native.executable(device, self.nv.primary(device), *parts, self.driver.addresses, poison, FORK.check)
 
     def _head(self, fn, x: Launch, pdl: bool) -> tuple:
         d = self.driver

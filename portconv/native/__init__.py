@@ -1,0 +1,171 @@
+"""The native executor: a plan's launches and autograd node in C++, built on first use (Note [native executor])."""
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import sysconfig
+import threading
+import weakref
+
+from .. import knobs
+
+# Note [native executor]
+# On NVIDIA GPUs a converted layer's host time was Python: about 50 us a forward and 40 us a backward more than
+# PyTorch's own call on an H200 host (docs/performance/h200/README.md), in the autograd.Function, the Executable's
+# binding and the ctypes launches. executor.cpp does that part in C++: runtime.Executable's work (allocate the
+# buffers, poison the results, write the addresses into copies of the argument blocks, launch in order on the
+# current stream in the device's primary context), ProgramRunner's table of executables per operand layout, and the
+# autograd node (a torch::autograd::Function whose backward runs the plan's backward; with create_graph, or operands
+# that are not plain tensors, it calls back into autograd.native_slow, the Python path's differentiable backward).
+# Nothing is decided there: each Executable is made by Python from the same Program (ProgramRunner.native_executable,
+# runtime.Loader.load_native) the first time a layout is seen. Plans get one when their loader can
+# (Loader.supports_native: torch tensors on NVIDIA's driver), through offer().
+# The module is compiled from executor.cpp with the host's C++ compiler against the installed torch, once per
+# (source, torch, Python, compiler) in PORTCONV_CACHE_DIR/native; it links to torch only (the driver's entry points
+# come from Python as addresses). PORTCONV_NATIVE (knobs): 'auto' builds it in a background thread at the first offer
+# while the calls run in Python, and plans switch over when it is loaded; 'wait' builds it at the first offer and
+# waits; 'off' never builds it. Without a compiler or Python's headers the reason is kept (status()) and every call
+# stays in Python, which computes the same results.
+SOURCE = pathlib.Path(__file__).with_name("executor.cpp")
+
+_lock = threading.Lock()
+_module = None  # the loaded extension
+_failed = ""  # why it is not available
+_thread: threading.Thread | None = None
+_pending: list[weakref.ref] = []  # plans offered before the module was loaded
+
+
+def status() -> str:
+    """'ready', 'building', 'off', 'not built' or 'unavailable: <reason>'."""
+    if knobs.env().native == "off":
+        return "off"
+    if _module is not None:
+        return "ready"
+    if _failed:
+        return f"unavailable: {_failed}"
+    return "building" if _thread is not None else "not built"
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+
+
+def _flags(torch, name: str) -> list[str]:
+    from torch.utils import cpp_extension
+
+    lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    inc = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
+    abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
+    return ["-O2", "-std=c++20", "-shared", "-fPIC", "-fvisibility=hidden", f"-DTORCH_EXTENSION_NAME={name}",
+            "-DTORCH_API_INCLUDE_EXTENSION_H", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *(f"-I{p}" for p in inc),
+            f"-L{lib}", "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python", f"-Wl,-rpath,{lib}"]
+
+
+def _build():
+    """Compile (or find in the cache) and import the extension; returns it or raises RuntimeError with the reason."""
+    import torch
+
+    cxx = _compiler()
+    if cxx is None:
+        raise RuntimeError("no C++ compiler (c++, g++ or clang++; or set CXX)")
+    if not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")):
+        raise RuntimeError(f"no Python.h under {sysconfig.get_paths()['include']} (install the Python headers, "
+                           "e.g. python3-dev)")
+    source = SOURCE.read_bytes()
+    digest = hashlib.sha256(b"\0".join([source, torch.__version__.encode(), sys.version.encode(), cxx.encode(),
+                                        " ".join(_flags(torch, "x")).encode()])).hexdigest()[:16]
+    name = f"portconv_native_{digest}"
+    from ..diskcache import folder
+
+    where = folder(pathlib.Path(knobs.env().cache_dir) / "native")
+    if where is None:
+        raise RuntimeError(f"no usable cache folder under {knobs.env().cache_dir}")
+    so = where / f"{name}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
+    if not so.exists():
+        tmp = so.with_name(f"{so.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        r = subprocess.run([cxx, str(SOURCE), "-o", str(tmp), *_flags(torch, name)], capture_output=True, text=True)
+        if r.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            raise RuntimeError(f"{cxx} failed: {r.stderr.strip()[-2000:]}")
+        os.replace(tmp, so)  # whole files only: a process beside this one reads the old name or the new file
+    spec = importlib.util.spec_from_file_location(name, so, loader=importlib.machinery.ExtensionFileLoader(name,
+                                                                                                      str(so)))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _load() -> None:
+    global _module, _failed
+    try:
+        mod = _build()
+    except Exception as e:  # noqa: BLE001 - any failure leaves the Python path, with its reason
+        _failed = str(e) or type(e).__name__
+        return
+    with _lock:
+        _module = mod
+        plans = [p() for p in _pending]
+        _pending.clear()
+    for plan in plans:
+        if plan is not None:
+            _attach(plan)
+
+
+def wait(timeout: float | None = None):
+    """Start the build if it has not started (PORTCONV_NATIVE permitting) and wait for it: the module, or None."""
+    if knobs.env().native == "off":
+        return None
+    _start()
+    t = _thread
+    if t is not None:
+        t.join(timeout)
+    return _module
+
+
+def _start() -> None:
+    global _thread
+    with _lock:
+        if _thread is None and _module is None and not _failed:
+            _thread = threading.Thread(target=_load, name="portconv-native-build", daemon=True)
+            _thread.start()
+
+
+def offer(plan) -> None:
+    """Give ``plan`` (whose runner is a ProgramRunner that can run natively) the native executor, now where it is
+    loaded, else once it is (PORTCONV_NATIVE=auto builds it in the background, =wait here and now)."""
+    mode = knobs.env().native
+    if mode == "off" or _failed:
+        return
+    plan.runner.native_poison = knobs.env().poison
+    if _module is None:
+        with _lock:
+            if _module is None:
+                _pending.append(weakref.ref(plan))
+        _start()
+        if mode == "wait":
+            _thread.join()
+        if _module is None:
+            return
+    _attach(plan)
+
+
+def _attach(plan) -> None:
+    from .. import autograd
+
+    params, request = plan.problem.params, autograd.request_of(plan)
+
+    def slow(grad_output, input, weight, mask):
+        return autograd.native_slow(params, request, grad_output, input, weight, mask)
+
+    plan.runner.native = _module.Runner(plan.runner.native_executable, slow)
+
+
+def executable(*args):
+    """The loaded module's Executable (runtime.Loader.load_native)."""
+    return _module.Executable(*args)
