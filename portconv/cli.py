@@ -78,8 +78,10 @@ def cmd_devices(a) -> int:
             vers[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             continue
+    from . import native
+
     if a.json:
-        print(json.dumps({"backends": rows, "knobs": knobs, "installed": vers}, indent=1))
+        print(json.dumps({"backends": rows, "knobs": knobs, "installed": vers, "native": native.status()}, indent=1))
         return EXIT_OK
     print("backends:")
     for r in rows:
@@ -90,6 +92,7 @@ def cmd_devices(a) -> int:
                   f"fp64={'yes' if d['fp64'] else 'no'} fp16={'yes' if d['fp16'] else 'no'} ({v})")
         if r["error"]:
             print(f"      {r['error']}")
+    print(f"native executor (Note [native executor]; the cuda and hip kernels on NVIDIA): {native.status()}")
     from .backends.miopen import miopen_settings
 
     print("MIOpen settings (read by MIOpen on ROCm builds of PyTorch; see docs/kernels/hip.md):")

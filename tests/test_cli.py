@@ -9,7 +9,7 @@ import sys
 import pytest
 from conftest import require_backend
 
-from portconv import cli
+from portconv import cli, native
 from portconv.backends import BackendId, all_ids
 from portconv.conformance import cases as C
 from portconv.knobs import KNOBS
@@ -35,13 +35,14 @@ def test_devices_lists_every_backend_and_knob(capsys):
     for bid in all_ids():
         assert f"  {bid.value} " in out
     assert "aten     available" in out
+    assert f"native executor (Note [native executor]; the cuda and hip kernels on NVIDIA): {native.status()}" in out
     for k in KNOBS:
         assert k.name in out and k.help[:40] in out
     rc, out, _ = _run(capsys, "devices", "--json")
     data = json.loads(out)
     assert [r["backend"] for r in data["backends"]] == [b.value for b in BackendId]
     assert all(r["reason"] for r in data["backends"])  # available or not, always with a reason
-    assert set(data["knobs"]) == {k.name for k in KNOBS}
+    assert set(data["knobs"]) == {k.name for k in KNOBS} and data["native"] == native.status()
 
 
 @pytest.mark.parametrize("extra", [[], ["-F", "fwd,bwd-weight", "--layout", "NHWC"], ["--mask", "101", "-t", "-i", "2"],

@@ -42,14 +42,14 @@ _pending: list[weakref.ref] = []  # plans offered before the module was loaded
 
 
 def status() -> str:
-    """'ready', 'building', 'off', 'not built' or 'unavailable: <reason>'."""
+    """'ready', 'building', 'off', 'not built yet (...)' or 'unavailable: <reason>'."""
     if knobs.env().native == "off":
         return "off"
     if _module is not None:
         return "ready"
     if _failed:
         return f"unavailable: {_failed}"
-    return "building" if _thread is not None else "not built"
+    return "building" if _thread is not None else "not built yet (built at the first call that can use it)"
 
 
 def _compiler() -> str | None:
