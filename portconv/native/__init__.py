@@ -16,16 +16,17 @@ import weakref
 from .. import knobs
 
 # Note [native executor]
-# On NVIDIA GPUs a converted layer's host time was Python: about 50 us a forward and 40 us a backward more than
-# PyTorch's own call on an H200 host (docs/performance/h200/README.md), in the autograd.Function, the Executable's
-# binding and the ctypes launches. executor.cpp does that part in C++: runtime.Executable's work (allocate the
+# In Python, a call of the own kernels costs more host time than PyTorch's own call of its kernels: the
+# autograd.Function, the Executable's binding and the ctypes launches (the layers of docs/performance/h200/README.md,
+# native against off). executor.cpp does that part in C++: runtime.Executable's work (allocate the
 # buffers, poison the results, write the addresses into copies of the argument blocks, launch in order on the
 # current stream in the device's primary context), ProgramRunner's table of executables per operand layout, and the
 # autograd node (a torch::autograd::Function whose backward runs the plan's backward; with create_graph, or operands
 # that are not plain tensors, it calls back into autograd.native_slow, the Python path's differentiable backward).
 # Nothing is decided there: each Executable is made by Python from the same Program (ProgramRunner.native_executable,
 # runtime.Loader.load_native) the first time a layout is seen. Plans get one when their loader can
-# (Loader.supports_native: torch tensors on NVIDIA's driver), through offer().
+# (Loader.supports_native: torch tensors on NVIDIA's driver), through offer(); CuPy arrays, AMD GPUs (launched
+# through CuPy) and the OpenCL set keep the Python path.
 # The module is compiled from executor.cpp with the host's C++ compiler against the installed torch, once per
 # (source, torch, Python, compiler) in PORTCONV_CACHE_DIR/native; it links to torch only (the driver's entry points
 # come from Python as addresses). PORTCONV_NATIVE (knobs): 'auto' builds it in a background thread at the first offer
