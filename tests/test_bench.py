@@ -506,11 +506,12 @@ def test_environment_records_the_knobs_and_options(knob_env):
     """A report names the knobs it ran under, set or not, and the developer options in force (which kernels it
     timed)."""
     import portconv
-    from portconv import knobs
+    from portconv import knobs, native
     from portconv.bench import settings
 
     knob_env("PORTCONV_OPENCL_DENSE", "direct")
     got = settings.environment()
     assert got["knobs"]["PORTCONV_OPENCL_DENSE"] == "direct" and set(got["knobs"]) == set(knobs.KNOB_NAMES)
+    assert got["native"] == native.status()  # Note [native executor]: which executor the calls ran on
     with portconv.options(igemm_tile="128x64"):
         assert settings.environment()["options"] == "igemm_tile=128x64"

@@ -161,6 +161,7 @@ def markdown(rep: dict) -> str:
              f"git {env.get('git') or 'unknown'}",
              f"- versions: {vers}",
              "- torch flags: " + ", ".join(f"{k}={v}" for k, v in env["torch_flags"].items()),
+             f"- native executor (Note [native executor]): {env.get('native', 'not recorded')}",
              f"- models: {models}",
              f"- sides: {', '.join(st['sides'])} (`auto`: `portconv.convert(model)` with the default plan); "
              f"{st['steps']} timed steps per side after {st['warmup']} untimed, in turns of {st['turn_steps']} "

@@ -159,6 +159,7 @@ def markdown(report: dict) -> str:
              f"- started {report['started']}, {report['seconds']:.0f} s; git {env.get('git') or 'unknown'}",
              f"- versions: {vers}",
              "- torch flags: " + ", ".join(f"{k}={v}" for k, v in env["torch_flags"].items()),
+             f"- native executor (Note [native executor]): {env.get('native', 'not recorded')}",
              f"- float32 convolutions on TF32 by default: {st['conv_tf32_default']['tf32']} "
              f"({st['conv_tf32_default']['why']})",
              f"- runs {st['runs']} (at least {st['min_runs']} within {st['budget_s_per_cell']} s per cell), "

@@ -9,7 +9,7 @@ import platform
 import subprocess
 import sys
 
-from .. import knobs
+from .. import knobs, native
 
 _DISTS = ("torch", "numpy", "pyopencl", "pocl-binary-distribution", "cupy-cuda12x", "cupy-cuda13x", "cupy-rocm-7-0",
           "ml_dtypes", "matplotlib")
@@ -139,7 +139,7 @@ def environment() -> dict:
     return {"versions": vers, "git": git_revision(), "cpus": os.cpu_count(), "loadavg": loadavg(),
             "platform": platform.platform(), "argv": sys.argv,
             # the knobs as set, and the options in force, so a report says which kernels it timed
-            "knobs": knobs.raw(), "options": knobs.options().describe(),
+            "knobs": knobs.raw(), "options": knobs.options().describe(), "native": native.status(),
             "torch_flags": torch_flags()}
 
 def check_device(device: str | None) -> None:
