@@ -48,17 +48,14 @@ DWC_GEOMETRY = {"float16": Geometry(4, 1, 8, 4, 16, 2, 2, False), "bfloat16": Ge
 
 # Note [clw row loop]
 # A forward (backward-data) lane walks the (TH - 1) S + R1 source rows of its tile. Unrolled, the compiler loads rows
-# ahead of their use, and the float32 TH x VW = 4 x 4 tile took 255 registers (one block an SM at 256 lanes); in a
+# ahead of their use, and the float32 TH x VW = 4 x 4 tile takes 255 registers (one block an SM at 256 lanes); in a
 # loop it takes 96, and 80 without spills at 3 blocks an SM (minb; the stride-2 forward spills 88 bytes there and
-# runs as fast). H200, held stream, one call, unrolled / loop / loop at 3 blocks: convnext-dw7x7-st1-cl forward
-# 0.1808 / 0.1418 / 0.1347 ms, backward-data 0.1692 / 0.1403 / 0.1316; -st4-cl 0.0301 / 0.0276 / 0.0249 and 0.0294 /
-# 0.0274 / 0.0244; effnet-dw5x5-s2-cl 0.0750 / 0.0688 / 0.0700 and 0.1284 / 0.1128 / 0.0932 (phases). At 3 blocks
-# the weight gradient ran up to 7% slower on three rows (convnext-dw7x7-st2-cl 0.1279 -> 0.1363 ms) and 2% faster on
-# two, so it keeps its own (minbw).
-# float64 takes the same tile and loop (255 -> 109 registers under ptxas; on GPUs its results are NCHW, so it runs
-# here on CPU OpenCL only). The 16-bit 1 x 8 tile keeps the unrolled walk: in a loop effnet-dw5x5-bf16-cl's forward
-# ran 0.0414 -> 0.0553 ms while the 7x7 rows gained 3-6%. opencl/clw.cl takes the same define: NVIDIA's OpenCL (H200)
-# and PoCL (2-core Xeon, 7x7 float32 and float64) ran as fast with it as without.
+# runs as fast). The loop at 3 blocks ran every float32 channels-last row's forward and backward-data faster on the
+# H200 (the rows and their times: docs/performance/h200/README.md); the weight gradient keeps its own bound (minbw),
+# where 3 blocks ran up to 7% slower. float64 takes the same tile and loop (255 -> 109 registers; on GPUs its results
+# are NCHW, so it runs on CPU OpenCL only). The 16-bit 1 x 8 tile keeps the unrolled walk (in a loop
+# effnet-dw5x5-bf16-cl's forward ran 34% slower). opencl/clw.cl takes the same define: NVIDIA's OpenCL and PoCL ran
+# as fast with it as without.
 def clw_vw(view: ConvView, dtype: str) -> int:
     """Output columns a lane of the view's module (PC_DWC_VW, CLW_VW): the dtype's vw, vw_s2 at stride 2."""
     g = DWC_GEOMETRY[dtype]

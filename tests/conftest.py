@@ -71,3 +71,18 @@ def opencl_env(knob_env):
     require_backend("opencl")
     with portconv.options(opencl_tc="off"):
         yield
+
+
+@pytest.fixture(scope="module")
+def emu_kernels():
+    """The CPU emulator's kernel builds (tests/emu.py) for one test module: test_cuda_compile, test_native."""
+    import pathlib
+    import shutil
+    import tempfile
+
+    from emu import EmuKernels
+
+    if shutil.which("g++") is None:
+        pytest.skip("g++ not found: the CPU emulation of the CUDA bodies needs a C++20 compiler")
+    with tempfile.TemporaryDirectory() as tmp:
+        yield EmuKernels(pathlib.Path(tmp))

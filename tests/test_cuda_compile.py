@@ -242,15 +242,16 @@ def test_every_launched_kernel_exists():
 # --- the bodies on the CPU -------------------------------------------------------------------------------------
 
 class EmuBackend(CudaBackend):
-    """The cuda backend with the emulator's Loader: its plans and Programs are the GPU's, run on the CPU."""
+    """The cuda backend with the emulator's Loader: its plans and Programs are the GPU's, run on the CPU; ``native``:
+    its plans get the native executor (Note [native executor], tests/test_native.py)."""
 
-    def __init__(self, kernels: EmuKernels):
+    def __init__(self, kernels: EmuKernels, native: bool = False):
         super().__init__()
-        self.emu = kernels
+        self.emu, self.native = kernels, native
         self.loaders: list[EmuLoader] = []
 
     def loader(self, problem):
-        self.loaders.append(EmuLoader(self.emu))
+        self.loaders.append(EmuLoader(self.emu, native=self.native))
         return self.loaders[-1]
 
     def launches(self) -> list:
@@ -329,14 +330,6 @@ def _data(case: EmuCase, dtype):
         pad = 1 if case.layout == "rowpad" else 4
         x = torch.randn(shape[:-1] + (shape[-1] + pad,), generator=g, dtype=torch.float64).to(dtype)[..., :-pad]
     return x.to(dtype), w.to(dtype), b.to(dtype)
-
-
-@pytest.fixture(scope="module")
-def emu_kernels():
-    if shutil.which("g++") is None:
-        pytest.skip("g++ not found: the CPU emulation of the CUDA bodies needs a C++20 compiler")
-    with tempfile.TemporaryDirectory() as tmp:
-        yield EmuKernels(pathlib.Path(tmp))
 
 
 @pytest.fixture

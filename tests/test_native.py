@@ -12,7 +12,6 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from emu import EmuLoader
 from test_cuda_compile import EMU_CASES, EmuBackend, _check, _setup, run_plan
 
 from portconv import functional, knobs, native
@@ -28,27 +27,11 @@ def native_module():
     return m
 
 
-class NativeEmuBackend(EmuBackend):
-    """The emulated cuda backend whose plans get the native executor."""
-
-    def loader(self, problem):
-        self.loaders.append(EmuLoader(self.emu, native=True))
-        return self.loaders[-1]
-
-
 @pytest.fixture
 def native_backend(native_module, emu_kernels, knob_env):
+    """The emulated cuda backend whose plans get the native executor, results NaN-poisoned."""
     knob_env("PORTCONV_POISON", "1")
-    return NativeEmuBackend(emu_kernels)
-
-
-@pytest.fixture(scope="module")
-def emu_kernels(tmp_path_factory):
-    from emu import EmuKernels
-
-    if shutil.which("g++") is None:
-        pytest.skip("g++ not found: the CPU emulation of the CUDA bodies needs a C++20 compiler")
-    return EmuKernels(tmp_path_factory.mktemp("emu"))
+    return EmuBackend(emu_kernels, native=True)
 
 
 CASES = [EMU_CASES[i] for i in (0, 2, 6, 7)]  # dense 2-D, 1-D 'same' strided, depthwise channels-last, transposed
@@ -122,7 +105,7 @@ def test_native_off(native_module, emu_kernels, knob_env, monkeypatch):
     """PORTCONV_NATIVE=off: plans keep the Python path."""
     knob_env("PORTCONV_NATIVE", "off")
     x, w, b, problem, go, ref = _setup(EMU_CASES[0], torch.float64)
-    p = run_plan(NativeEmuBackend(emu_kernels), monkeypatch, problem, Options(algorithm="direct"))
+    p = run_plan(EmuBackend(emu_kernels, native=True), monkeypatch, problem, Options(algorithm="direct"))
     assert p.runner.native is None and native.status() == "off"
     _check((p.forward(x, w, b), *p.backward(go, x, w, (True, True, True))), ref, torch.float64, "python")
 

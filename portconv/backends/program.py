@@ -164,25 +164,22 @@ class ProgramRunner:
     def supports_native(self) -> bool:
         return getattr(self.loader, "supports_native", False)
 
-    def native_executable(self, call: str, mask: tuple, operands: tuple):
-        """The native Executable of a call's operands ((input, weight, bias) or (grad_output, input, weight), as the
-        native Runner passes them: negative views resolved, the bias in the input's dtype), from the same Program
-        the Python path would load."""
+    def _program(self, call: str, mask: tuple, operands: tuple) -> Program:
+        """The Program of a call's operands ((input, weight, bias) or (grad_output, input, weight)); the first one
+        hands the plan's kernels to loader.prefetch (Note [compile ahead]). The anchor is the input."""
         lay = self.loader.layout
-        layouts = tuple(lay(t) for t in operands)
-        outputs = ("output",) if call == "forward" else backward_outputs(mask)
-        prog = Program.of(self.build(call, mask, layouts), outputs)
-        anchor = operands[0] if call == "forward" else operands[1]
+        program = Program.of(self.build(call, mask, tuple(lay(t) for t in operands)),
+                             ("output",) if call == "forward" else backward_outputs(mask))
         if self._ahead is not None:
             ahead, self._ahead = self._ahead, None
-            self.loader.prefetch(ahead, anchor)
-        return self.loader.load_native(prog, anchor, self.native_poison)
+            self.loader.prefetch(ahead, operands[0] if call == "forward" else operands[1])
+        return program
 
-    def _load(self, program: Program, anchor) -> Callable:
-        if self._ahead is not None:
-            ahead, self._ahead = self._ahead, None
-            self.loader.prefetch(ahead, anchor)
-        return self.loader.load(program, anchor)
+    def native_executable(self, call: str, mask: tuple, operands: tuple):
+        """The native Executable of a call's operands, as the native Runner passes them (negative views resolved,
+        the bias in the input's dtype): the Program the Python path would load."""
+        anchor = operands[0] if call == "forward" else operands[1]
+        return self.loader.load_native(self._program(call, mask, operands), anchor, self.native_poison)
 
     def forward(self, input, weight, bias):
         if self.native is not None:
@@ -194,10 +191,7 @@ class ProgramRunner:
         key = (k(input), k(weight), k(bias))
         run = self._forward.get(key)
         if run is None:
-            lay = self.loader.layout
-            layouts = (lay(input), lay(weight), lay(bias))
-            prog = Program.of(self.build("forward", (), layouts), ("output",))
-            run = self._forward[key] = self._load(prog, input)
+            run = self._forward[key] = self.loader.load(self._program("forward", (), (input, weight, bias)), input)
         return run({"input": input, "weight": weight, "bias": bias})[0]
 
     def backward(self, grad_output, input, weight, mask):
@@ -210,10 +204,8 @@ class ProgramRunner:
         key = (mask, k(grad_output), k(input), k(weight))
         run = self._backward.get(key)
         if run is None:
-            lay = self.loader.layout
-            layouts = (lay(grad_output), lay(input), lay(weight))
-            prog = Program.of(self.build("backward", mask, layouts), backward_outputs(mask))
-            run = self._backward[key] = self._load(prog, input)
+            program = self._program("backward", mask, (grad_output, input, weight))
+            run = self._backward[key] = self.loader.load(program, input)
         return run({"grad_output": grad_output, "input": input, "weight": weight})
 
 

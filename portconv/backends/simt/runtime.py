@@ -290,8 +290,7 @@ class Loader:
     def load(self, program: Program, anchor) -> Executable:
         FORK.check("CUDA/HIP kernels")  # Note [fork]: a plan made before the fork reads the device here
         device = self._device(anchor)
-        pdl = (self.driver is not None and self.driver.has_ex and knobs.env().cuda_pdl
-               and self.nv.compute_capability(device) >= 90)
+        pdl = self._pdl(device)
         steps = []
         for x in program.launches:
             fn = self.kernels.function(x.module, device, x.kernel)
@@ -299,6 +298,11 @@ class Loader:
         allocs = tuple((b.role, self._alloc(b, device), b.result) for b in program.buffers)
         ptr = (lambda t: t.data_ptr()) if self.memory == "torch" else (lambda a: a.data.ptr)
         return Executable(allocs, steps, program.outputs, ptr, self._stream(device), self._go(device))
+
+    def _pdl(self, device: int) -> bool:
+        """Whether dependent launches go out with programmatic stream serialization (Note [dependent launch])."""
+        return (self.driver is not None and self.driver.has_ex and knobs.env().cuda_pdl
+                and self.nv.compute_capability(device) >= 90)
 
     @property
     def supports_native(self) -> bool:
@@ -311,7 +315,7 @@ class Loader:
 
         FORK.check("CUDA/HIP kernels")
         device = self._device(anchor)
-        pdl = self.driver.has_ex and knobs.env().cuda_pdl and self.nv.compute_capability(device) >= 90
+        pdl = self._pdl(device)
 
         def launch_of(x: Launch) -> tuple[int, int, int]:
             return self.kernels.function(x.module, device, x.kernel).ptr, int(pdl and x.dependent), 0
