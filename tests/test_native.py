@@ -21,7 +21,10 @@ from portconv.knobs import Options
 @pytest.fixture(scope="module")
 def native_module():
     if native._compiler() is None:
-        pytest.skip("no C++ compiler: the native executor cannot be built here (every call stays in Python)")
+        if os.environ.get("PORTCONV_REQUIRE_NATIVE") == "1":
+            pytest.fail("PORTCONV_REQUIRE_NATIVE=1 but no C++ compiler (c++, g++, clang++ or $CXX)", pytrace=False)
+        pytest.skip("no C++ compiler: the native executor cannot be built here (every call stays in Python; set "
+                    "PORTCONV_REQUIRE_NATIVE=1 to make this a failure)")
     m = native.wait()
     assert m is not None, f"the native executor did not build: {native.status()}"
     return m
