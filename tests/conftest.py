@@ -43,6 +43,21 @@ def require_backend(name: str):
     return impl
 
 
+def gpu_for(name: str, requested_backends, knob_env):
+    """The GPU tests' setup for backend ``name``: skipped unless requested (pytest --backend NAME), failed when
+    requested and unavailable; outputs poisoned and the plan cache cleared. Returns the current torch GPU device."""
+    if name not in requested_backends:
+        pytest.skip(f"the {name} backend was not requested (pytest --backend {name})")
+    require_backend(name)
+    import torch
+
+    from portconv.planner import clear_cache
+
+    knob_env("PORTCONV_POISON", "1")
+    clear_cache()
+    return torch.device("cuda", torch.cuda.current_device())
+
+
 @pytest.fixture
 def knob_env(monkeypatch):
     """Set PORTCONV_* variables for one test: ``knob_env("PORTCONV_POISON", "1")`` sets (None: unsets) and reloads

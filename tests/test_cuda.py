@@ -10,7 +10,7 @@ import re
 
 import pytest
 import torch
-from conftest import require_backend
+from conftest import gpu_for
 from gpu_refs import assert_close, reference, spy_launches
 from gpu_refs import make as _make
 from test_forks import PRELUDE, run_script
@@ -653,18 +653,14 @@ def test_launch_config_matches_the_driver_abi():
 def gpu(requested_backends, knob_env):
     """A CUDA device, poisoned outputs, and IEEE float32 (torch's TF32 conv policy off: float32 dense problems keep
     the FMA tile here; the tensor-core tests turn TF32 on themselves)."""
-    if "cuda" not in requested_backends:
-        pytest.skip("the cuda backend was not requested (pytest --backend cuda)")
-    require_backend("cuda")
     from portconv.bench.settings import torch_variant
 
-    knob_env("PORTCONV_POISON", "1")
+    device = gpu_for("cuda", requested_backends, knob_env)
     # these tests look into the Python Executable's loads and launches (spies): the native executor, which runs the
     # same Programs, is tested in test_native.py and by the conformance grid (Note [native executor])
     knob_env("PORTCONV_NATIVE", "off")
-    clear_cache()
     with torch_variant(ieee=True):
-        yield torch.device("cuda", torch.cuda.current_device())
+        yield device
     clear_cache()
 
 

@@ -14,7 +14,7 @@ import types
 
 import pytest
 import torch
-from conftest import require_backend
+from conftest import gpu_for
 from emu import EmuKernels, EmuLoader
 from gpu_refs import assert_close as _assert_close
 from gpu_refs import make
@@ -279,12 +279,7 @@ def test_bodies_with_wave64_reductions_match_float64_on_the_cpu(wave64, case, kn
 # --- on the GPU ----------------------------------------------------------------------------------------------------
 @pytest.fixture
 def gpu(requested_backends, knob_env):
-    if "hip" not in requested_backends:
-        pytest.skip("the hip backend was not requested (pytest --backend hip)")
-    require_backend("hip")
-    knob_env("PORTCONV_POISON", "1")
-    clear_cache()
-    return torch.device("cuda", torch.cuda.current_device())
+    return gpu_for("hip", requested_backends, knob_env)
 
 
 def _on_amd() -> bool:

@@ -125,16 +125,11 @@ def test_native_build_failure_keeps_python(tmp_path):
 # --- on an NVIDIA GPU ----------------------------------------------------------------------------------------------
 @pytest.fixture
 def cuda_native(requested_backends, native_module, knob_env):
-    if "cuda" not in requested_backends:
-        pytest.skip("the cuda backend was not requested (pytest --backend cuda)")
-    from conftest import require_backend
+    from conftest import gpu_for
 
     from portconv.planner import clear_cache
 
-    require_backend("cuda")
-    knob_env("PORTCONV_POISON", "1")
-    clear_cache()
-    yield torch.device("cuda", torch.cuda.current_device())
+    yield gpu_for("cuda", requested_backends, knob_env)
     clear_cache()
 
 
