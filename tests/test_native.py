@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -120,6 +121,28 @@ def test_native_build_failure_keeps_python(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.startswith("True unavailable: ") and "failed" in r.stdout
+
+
+def test_native_build_outlives_its_process(tmp_path):
+    """A build started by a process that exits at once (PORTCONV_NATIVE=auto, a short script) still puts the module
+    in the cache: here a stand-in compiler that takes 2 s and writes its output file."""
+    cxx = tmp_path / "slow-cxx"
+    cxx.write_text('#!/bin/sh\nsleep 2\nwhile [ "$1" != "-o" ]; do shift; done\necho built > "$2"\n')
+    cxx.chmod(0o755)
+    env = {**os.environ, "CXX": str(cxx), "PORTCONV_CACHE_DIR": str(tmp_path / "cache"), "PORTCONV_NATIVE": "auto"}
+    code = ("import pathlib, sys, time; from portconv import native; native._start(); f = pathlib.Path(sys.argv[1])\n"
+            "while not (f.is_dir() and any(p.suffix == '.log' for p in f.iterdir())): time.sleep(0.05)\n"
+            "print(native.status())")  # exits as soon as the compiler has started
+    folder = tmp_path / "cache" / "native"
+    r = subprocess.run([sys.executable, "-c", code, str(folder)], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "building", (r.stdout, r.stderr[-2000:])
+    for _ in range(100):
+        done = [f.name for f in folder.iterdir() if f.name.startswith("portconv_native_")]
+        if done and all(not n.endswith((".tmp", ".log")) for n in done):
+            break
+        time.sleep(0.1)
+    assert len(done) == 1 and (folder / done[0]).read_text() == "built\n", done
 
 
 # --- on an NVIDIA GPU ----------------------------------------------------------------------------------------------

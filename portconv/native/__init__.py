@@ -27,12 +27,13 @@ from .. import knobs
 # runtime.Loader.load_native) the first time a layout is seen. Plans get one when their loader can
 # (Loader.supports_native: torch tensors on NVIDIA's driver), through offer(); CuPy arrays, AMD GPUs (launched
 # through CuPy) and the OpenCL set keep the Python path.
-# The module is compiled from executor.cpp with the host's C++ compiler against the installed torch, once per
-# (source, torch, Python, compiler) in PORTCONV_CACHE_DIR/native; it links to torch only (the driver's entry points
-# come from Python as addresses). PORTCONV_NATIVE (knobs): 'auto' builds it in a background thread at the first offer
-# while the calls run in Python, and plans switch over when it is loaded; 'wait' builds it at the first offer and
-# waits; 'off' never builds it. Without a compiler or Python's headers the reason is kept (status()) and every call
-# stays in Python, which computes the same results.
+# The module is compiled from executor.cpp with the host's C++ compiler against the installed torch, once per (source,
+# torch, Python, compiler) in PORTCONV_CACHE_DIR/native; it links to torch only (the driver's entry points come from
+# Python as addresses). PORTCONV_NATIVE (knobs): 'auto' builds it in a background thread at the first offer while the
+# calls run in Python, and plans switch over when it is loaded; 'wait' builds it at the first offer and waits; 'off'
+# never builds it. The compiler runs in a session of its own and puts the module in place itself, so a process that
+# exits before the build ends (a short script under 'auto') leaves it for the next one. Without a compiler or Python's
+# headers the reason is kept (status()) and every call stays in Python, which computes the same results.
 SOURCE = pathlib.Path(__file__).with_name("executor.cpp")
 
 _lock = threading.Lock()
@@ -89,19 +90,31 @@ def _build():
         raise RuntimeError(f"no usable cache folder under {knobs.env().cache_dir}")
     so = where / f"{name}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
     if not so.exists():
-        tmp = so.with_name(f"{so.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        nice = ["nice", "-n", "10"] if shutil.which("nice") else []  # below the first steps' own kernel compiles
-        r = subprocess.run([*nice, cxx, str(SOURCE), "-o", str(tmp), *_flags(torch, name)], capture_output=True,
-                           text=True)
-        if r.returncode != 0:
-            tmp.unlink(missing_ok=True)
-            raise RuntimeError(f"{cxx} failed: {r.stderr.strip()[-2000:]}")
-        os.replace(tmp, so)  # whole files only: a process beside this one reads the old name or the new file
+        _compile(cxx, so, _flags(torch, name))
     spec = importlib.util.spec_from_file_location(name, so, loader=importlib.machinery.ExtensionFileLoader(name,
                                                                                                       str(so)))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _compile(cxx: str, so: pathlib.Path, flags: list[str]) -> None:
+    """Compile executor.cpp into ``so`` in a process of its own session that renames its output into place itself:
+    a build started by a process that exits before it ends still lands in the cache for the next process (the
+    compiler's messages go to a log beside it, kept only on failure). Whole files only: a process beside this one
+    reads the old name or the new file."""
+    tmp = so.with_name(f"{so.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    log = tmp.with_suffix(".log")
+    nice = ["nice", "-n", "10"] if shutil.which("nice") else []  # below the first steps' own kernel compiles
+    script = 'tmp=$1 so=$2 log=$3; shift 3; "$@" > "$log" 2>&1 && mv -f "$tmp" "$so" && rm -f "$log"'
+    with open(os.devnull, "rb") as null:
+        p = subprocess.Popen(["sh", "-c", script, "sh", str(tmp), str(so), str(log), *nice, cxx, str(SOURCE), "-o",
+                              str(tmp), *flags], stdin=null, start_new_session=True)
+    if p.wait() != 0:
+        text = log.read_text(errors="replace").strip()[-2000:] if log.exists() else ""
+        tmp.unlink(missing_ok=True)
+        log.unlink(missing_ok=True)
+        raise RuntimeError(f"{cxx} failed: {text}")
 
 
 def _load() -> None:
