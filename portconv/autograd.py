@@ -21,7 +21,8 @@ from .params import ConvParams
 # + db; for the backward, the three gradients are bilinear in (grad_output, input or weight)), the vmap staticmethods
 # Note [vmap rules] (derivatives.py).
 # Higher-order terms run on the plan's backend when it was forced (backend=, use_backend, PORTCONV_BACKEND) and
-# are planned automatically otherwise, as the first-order call was. Tensors of the legacy vmap
+# are planned automatically otherwise, as the first-order call was (an eager call of a plan ATen records takes ATen's
+# own double backward, routed by ATen: Note [ATen-recorded plans]). Tensors of the legacy vmap
 # (autograd.grad(..., is_grads_batched=True), gradcheck's batched checks) have no functorch rule: their calls go to
 # the custom ops (ops.forward/backward, reached through fastpath.traced, which ops.py fills when it is imported:
 # this module is below ops.py), which PyTorch's batched fallback runs slice by slice.
@@ -29,11 +30,13 @@ from .params import ConvParams
 #
 # Note [ATen-recorded plans]
 # A plan whose runner calls ATen's differentiable convolution with the arguments its backward would pass to
-# aten.convolution_backward (Plan.aten_autograd: the aten backend) needs no autograd.Function in eager mode: ATen
-# records ConvolutionBackward0, whose backward is that same call, and whose double backward, forward AD and vmap
-# are PyTorch's own. The eager call then costs PyTorch's host time plus the fast path's lookup (a Python
-# autograd.Function costs about 45 us more per forward + backward on a 2-core Xeon). Functorch transforms,
-# forward AD and tracers keep their routes (mode 2, the custom ops), whatever the plan.
+# aten.convolution_backward (Plan.aten_autograd: the aten backend; the cudnn backend where ATen sends the gradients of
+# the problem as given to cuDNN, whose aten.cudnn_convolution ATen records as CudnnConvolutionBackward0, itself
+# aten.convolution_backward) needs no autograd.Function in eager mode: ATen records ConvolutionBackward0, whose backward
+# is that same call, and whose double backward, forward AD and vmap are PyTorch's own. The eager call then costs
+# PyTorch's host time plus the fast path's lookup (a Python autograd.Function costs about 45 us more per forward +
+# backward on a 2-core Xeon). Functorch transforms, forward AD and tracers keep their routes (mode 2, the custom ops),
+# whatever the plan.
 
 
 def request_of(plan):

@@ -43,7 +43,7 @@ def _ops():
 
 
 # Note [autocast and ATen's plans]
-# Under autocast a convNd call whose plan (for the cast operands) is ATen's, recorded by ATen (Plan.aten_autograd),
+# Under autocast a convNd call whose plan (for the cast operands) is ATen's (Plan.torch_own: the aten backend),
 # is PyTorch's own call: torch.nn.functional.convNd on the operands as they came, cast by ATen's autocast wrapper
 # (in C++, with its cache of weight casts) into the very convolution the plan names. functional.py keeps, per call
 # key of the uncast operands and the autocast dtype, only that the plan is ATen's (the cast is a function of the

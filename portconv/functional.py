@@ -200,7 +200,7 @@ def _remember_call(owner, key, akey, mode: int, args: tuple, entry: tuple) -> No
     if mode == 0:
         _remember(owner, key, args, entry)
     elif akey is not None and mode == 1:
-        aten = entry[0] is not None and entry[0].aten_autograd
+        aten = entry[0] is not None and entry[0].torch_own
         _remember(owner, akey, args, None if aten else entry, akey[0][1])
 
 
@@ -233,7 +233,7 @@ def _convnd(rank: int, name: str, input, weight, bias, stride, padding, dilation
     key = fastpath.key(name, input, weight, bias, args, backend)
     hit = fastpath.get(key)
     if hit is not None:  # Note [fast path]
-        if akey is not None and hit[0] is not None and hit[0].aten_autograd:
+        if akey is not None and hit[0] is not None and hit[0].torch_own:
             fastpath.put(akey, (True,))
         if memo_owner is not None:
             _remember_call(memo_owner, key, akey, mode, args, hit)
@@ -256,7 +256,7 @@ def _convnd(rank: int, name: str, input, weight, bias, stride, padding, dilation
     fastpath.put(key, (p, params, is_batched))
     if memo_owner is not None:
         _remember_call(memo_owner, key, akey, mode, args, (p, params, is_batched))
-    if akey is not None and p is not None and p.aten_autograd:
+    if akey is not None and p is not None and p.torch_own:
         fastpath.put(akey, (True,))
     out = _execute(p, input, weight, bias, params, mode)
     return out if is_batched else out[0]

@@ -213,8 +213,8 @@ def _convolution_backward_fake(grad_output, input, weight, bias_sizes, stride, p
 
 # --- Inductor: ATen's plans as ATen's ops (Note [ATen's plans in compiled graphs]) --------------------------------
 # Note [ATen's plans in compiled graphs]
-# Inductor compiles a portconv op as ATen's own op where portconv's plan is ATen's, recorded by ATen
-# (Plan.aten_autograd), and wherever the backend was not forced (backend=, use_backend, PORTCONV_BACKEND) but for
+# Inductor compiles a portconv op as ATen's own op where portconv's plan is ATen's (Plan.torch_own: the aten
+# backend), and wherever the backend was not forced (backend=, use_backend, PORTCONV_BACKEND) but for
 # the OWN_KERNEL_WINS rows measured faster compiled too (Note [own kernel wins compiled], Plan.keeps_ops): a
 # decomposition, which Inductor's graph tracing applies after autograd, turns portconv::convolution into
 # aten.convolution and portconv::convolution_backward into aten.convolution_backward with the same arguments (what

@@ -89,10 +89,16 @@ class Plan:
         return self.runner.backward(grad_output, input, weight, (bool(gi), bool(gw), bool(gb)))
 
     @property
+    def torch_own(self) -> bool:
+        """The plan is PyTorch's own convolution (the aten backend): under autocast and in compiled graphs its calls
+        are PyTorch's (Note [autocast and ATen's plans], Note [ATen's plans in compiled graphs])."""
+        return self.backend is BackendId.ATEN
+
+    @property
     def compiled_as_aten(self) -> bool:
         """Inductor compiles this plan's calls as ATen's own convolution (Note [ATen's plans in compiled graphs]):
-        a plan ATen records, or any plan of an unforced call but those of Note [own kernel wins compiled]."""
-        return self.aten_autograd or not (self.forced or self.keeps_ops)
+        an aten plan, or any plan of an unforced call but those of Note [own kernel wins compiled]."""
+        return self.torch_own or not (self.forced or self.keeps_ops)
 
     def kernel(self, result: str) -> KernelPlan | None:
         """The KernelPlan of one result ('output', 'grad_input', 'grad_weight', 'grad_bias'), if the plan has one."""

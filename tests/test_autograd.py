@@ -262,11 +262,14 @@ def test_aten_plans_are_recorded_by_aten(i):
 
 
 def test_other_plans_keep_portconv_autograd(be):
-    """Only the aten backend's plans are ATen-recorded: every other backend's eager call is portconv's Function."""
+    """Only the aten backend's plans, and the cudnn backend's whose gradients ATen sends to cuDNN as they come
+    (test_cudnn.test_aten_records_direct_routes), are ATen-recorded: every other eager call is portconv's node."""
     ours, _, x, w, b, kw = _case(1, backend=be)
     p = portconv.plan(x.detach(), w.detach(), b.detach(), backend=be, **kw)
-    assert p.aten_autograd == (be == "aten")
-    assert "ATen records" in p.explain() if be == "aten" else "autograd.Function" in p.explain()
+    recorded = be == "aten" or (be == "cudnn" and p.runner.route.grads == "direct" and not p.runner.reshape)
+    assert p.aten_autograd == recorded
+    assert "ATen records" in p.explain() if recorded else "autograd.Function" in p.explain()
     name = type(ours(x, w, b, backend=be, **kw).grad_fn).__name__
     native = p.runner.native is not None  # Note [native executor]: its C++ node (CppFunction to Python)
-    assert name == ("ConvolutionBackward0" if be == "aten" else "CppFunction" if native else "ConvFunctionBackward")
+    assert name == ("ConvolutionBackward0" if be == "aten" else "AddBackward0" if recorded  # cuDNN's call, bias add
+                    else "CppFunction" if native else "ConvFunctionBackward")

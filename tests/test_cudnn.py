@@ -53,6 +53,24 @@ def test_gradient_route_follows_the_aten_model(row):
     assert r.grads == route, r.why
 
 
+RECORDED = [  # (input, weight, kwargs, dtype, layout, ATen records the forward: Note [ATen-recorded plans])
+    ((2, 16, 9, 9), (32, 16, 3, 3), dict(padding=1), "float32", "contiguous", True),
+    ((2, 16, 9, 9), (16, 8, 3, 3), dict(stride=2, transposed=True, groups=2), "float16", "contiguous", True),
+    ((2, 32, 9, 9), (32, 1, 3, 3), dict(groups=32, padding=1), "float32", "contiguous", False),  # channels-last route
+    ((2, 32, 9, 9), (32, 1, 3, 3), dict(groups=32, padding=1), "float32", "channels_last", True),
+    ((2, 8, 30), (16, 8, 5), dict(padding=2), "float32", "contiguous", False),  # the 1-d view
+    ((2, 8, 10, 10), (8, 8, 4, 4), dict(padding="same"), "float32", "contiguous", False),  # 'same''s extra pad
+]
+
+
+@pytest.mark.parametrize("x,w,kw,dtype,fmt,recorded", RECORDED)
+def test_aten_records_direct_routes(x, w, kw, dtype, fmt, recorded):
+    """The cudnn runner lets ATen record its forward exactly where ATen's recorded backward is backward() itself:
+    the gradients' route is the call as given ('direct') and the call takes no view or extra padding."""
+    problem = _problem(x, w, dtype, fmt, **kw)
+    assert cudnn.CudnnRunner(problem, cudnn.gradient_route(problem, CTX), False).aten_autograd is recorded
+
+
 MATH = [  # (input, weight, kwargs, dtype, tf32 allowed, Choice.math)
     ((2, 8, 4, 6, 6), (8, 1, 3, 3, 3), dict(groups=8, padding=1), "float16", True, "fp16-accumulate"),
     ((2, 4, 3, 4, 5), (4, 1, 2, 2, 2), dict(groups=4, stride=2, transposed=True), "bfloat16", True,

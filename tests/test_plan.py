@@ -129,7 +129,8 @@ def test_channels_last_5x5_goes_to_portconvs_kernels_at_stride_2_only(dtype):
 def test_compiled_graphs_keep_the_own_ops_only_where_measured_compiled():
     """Note [own kernel wins compiled]: the channels-last 7x7 float32 row holds in compiled graphs (ConvNeXt-T's
     compiled step), so Inductor keeps its plans' ops; every other row compiles as ATen's convolution; a plan's
-    compiled_as_aten follows (ATen-recorded plans always compile as ATen's)."""
+    compiled_as_aten follows (the aten backend's plans always compile as ATen's; a forced cudnn plan ATen records
+    keeps its ops)."""
     from portconv.device import DeviceInfo
     from portconv.policy import compiled_win
 
@@ -145,7 +146,9 @@ def test_compiled_graphs_keep_the_own_ops_only_where_measured_compiled():
                         reason="", device=dev)
     assert plan.compiled_as_aten and not dataclasses.replace(plan, keeps_ops=True).compiled_as_aten
     assert not dataclasses.replace(plan, forced=True).compiled_as_aten
-    assert dataclasses.replace(plan, keeps_ops=True, aten_autograd=True).compiled_as_aten
+    aten = dataclasses.replace(plan, backend=BackendId.ATEN, forced=True)
+    assert aten.compiled_as_aten and dataclasses.replace(aten, keeps_ops=True).compiled_as_aten
+    assert not dataclasses.replace(plan, forced=True, aten_autograd=True).compiled_as_aten  # cudnn's recorded plans
     assert "faster compiled too" in dataclasses.replace(plan, keeps_ops=True).explain()
 
 

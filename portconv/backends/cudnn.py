@@ -99,7 +99,11 @@ def choose_for(problem: Problem, ctx, tf32: bool, tf32_setting: str) -> tuple[Ch
 
 
 class CudnnRunner:
-    """aten.cudnn_convolution(_transpose) forward, and aten.convolution_backward on the gradients' route."""
+    """aten.cudnn_convolution(_transpose) forward, and aten.convolution_backward on the gradients' route.
+
+    aten_autograd (Note [ATen-recorded plans]) where the route is 'direct' and the call needs no view (1-d) or extra
+    padding: ATen records the forward as CudnnConvolutionBackward0 (and the bias's add), whose backward is
+    aten.convolution_backward of the same operands, which ATen sends to cuDNN: backward() itself."""
 
     native = None
 
@@ -118,6 +122,7 @@ class CudnnRunner:
         self.stride, self.dilation = list(q.stride), list(q.dilation)
         self.bias_shape = (1, -1) + (1,) * q.rank
         self.formats: dict[tuple, object] = {}  # (input strides, weight strides) -> cuDNN's layout for them
+        self.aten_autograd = route.grads == "direct" and not self.reshape
 
     def _prepare(self, tensors):
         x, *rest = tensors
