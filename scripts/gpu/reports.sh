@@ -12,6 +12,8 @@
 # overhead: per-call host cost (forward, and forward + backward through autograd) of every backend against PyTorch
 # models:  portconv bench --models (training steps, PyTorch against convert(); MODELS_ARGS adds flags, e.g. a subset)
 # profile: scripts/gpu/model_profile.py of PROFILE_CELLS (model:dtype:layout ...): GPU time by kernel, both sides
+# firstprof: scripts/gpu/first_profile.py, cold then warm, PyTorch and auto (FIRSTPROF_MODEL: 'model dtype')
+# hostprof: scripts/gpu/host_profile.py of HOSTPROF_CELLS: host time a step, both sides and depthwise forced to cuda
 # longred: portconv conform --long-reductions on cuda, hip and opencl (Note [long reductions])
 # fuzz:    portconv conform --fuzz on cuda, hip and opencl, four dtypes, FUZZ_SECONDS each (in parallel)
 # pocl:    portconv conform --backend opencl on the machine's own CPU OpenCL (its PoCL, PORTCONV_OPENCL_DEVICE=cpu),
@@ -59,6 +61,22 @@ fi
 if has profile; then
   timeout ${PROFILE_TIMEOUT:-150} python3 scripts/gpu/model_profile.py ${PROFILE_CELLS:-resnet50:bfloat16:channels_last} \
     > "$R/profile.txt" 2>&1; echo "== profile rc=$?"; grep -v Warning "$R/profile.txt" | tail -80
+fi
+if has hostprof; then
+  timeout ${HOSTPROF_TIMEOUT:-240} python3 scripts/gpu/host_profile.py ${HOSTPROF_CELLS:-mobilenet_v2:float32:channels_last:full \
+    efficientnet_b0:float32:channels_last:full mobilenet_v2:bfloat16:channels_last efficientnet_b0:bfloat16:channels_last} \
+    > "$R/hostprof.txt" 2>&1; echo "== hostprof rc=$?"; grep -v Warning "$R/hostprof.txt" | tail -120
+fi
+if has firstprof; then  # the cold and the warm first step of FIRSTPROF_MODEL, each side, under cProfile
+  for side in torch auto; do
+    rm -rf /tmp/firstprof; for run in cold warm; do
+      PORTCONV_CACHE_DIR=/tmp/firstprof/pc CUDA_CACHE_PATH=/tmp/firstprof/cuda timeout 120 python3 \
+        scripts/gpu/first_profile.py $side ${FIRSTPROF_MODEL:-mobilenet_v2 float32} > "$R/firstprof-$side-$run.txt" 2>&1
+      echo "== firstprof $side $run rc=$?"; grep FIRST "$R/firstprof-$side-$run.txt"
+      # the native executor's build (Note [native executor]) lands before the warm process, as after a real first run
+      PORTCONV_CACHE_DIR=/tmp/firstprof/pc python3 -c 'from portconv import native; native.wait()'
+    done
+  done
 fi
 if has models; then
   timeout ${MODELS_TIMEOUT:-400} python3 -m portconv.bench --models ${MODELS_ARGS:-} --resume --out /tmp/models \
