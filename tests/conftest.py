@@ -90,7 +90,7 @@ def opencl_env(knob_env):
 
 @pytest.fixture(scope="module")
 def emu_kernels():
-    """The CPU emulator's kernel builds (tests/emu.py) for one test module: test_cuda_compile, test_native."""
+    """The CPU emulator's kernel builds (tests/emu.py) for one test module: test_cuda_emulator, test_native."""
     import pathlib
     import shutil
     import tempfile
