@@ -20,20 +20,6 @@ def _parametrized(metafunc, name: str) -> bool:
     return False
 
 
-# Note [heavy modules first]
-# tox runs the tests with --dist loadscope: a module runs whole on one worker, and a worker takes the next module in
-# collection order whenever it holds fewer than two. The three modules that compile (hipcc for three AMD targets,
-# about 700 s on a 2-core CI machine; the CUDA bodies' CPU runs, about 700 s; nvcc over every kernel, about 470 s)
-# go first, so that the others fill the second worker while they run; in name order two of them met on one worker
-# and that worker set the run's length (1583 s against about 1280 s of work a worker).
-HEAVY_FIRST = ("test_hip_build.py", "test_cuda_emulator.py", "test_cuda_compile.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: every other module keeps its order
-
-
 def pytest_generate_tests(metafunc):
     """A test that takes ``backend`` (and does not parametrize it itself) runs once per requested backend
     (--backend; default opencl)."""
@@ -104,7 +90,7 @@ def opencl_env(knob_env):
 
 @pytest.fixture(scope="module")
 def emu_kernels():
-    """The CPU emulator's kernel builds (tests/emu.py) for one test module: test_cuda_emulator, test_native."""
+    """The CPU emulator's kernel builds (tests/emu.py) for one test module: test_cuda_compile, test_native."""
     import pathlib
     import shutil
     import tempfile

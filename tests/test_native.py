@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 import torch.nn.functional as F
-from test_cuda_emulator import EMU_CASES, EmuBackend, _check, _setup, run_plan
+from test_cuda_compile import EMU_CASES, EmuBackend, _check, _setup, run_plan
 
 from portconv import functional, knobs, native
 from portconv.knobs import Options

@@ -4,7 +4,7 @@
  * (blocks run one after another, so a static is exactly one block's shared memory), threads are fibers that
  * meet at barriers, warp shuffles go through a buffer synchronised per warp, and the
  * 16-bit conversions use the compiler's _Float16 (round to nearest even, as the GPU's). This is how
- * tests/test_cuda_emulator.py checks the bodies' arithmetic and indexing on a machine without a GPU.
+ * tests/test_cuda_compile.py checks the bodies' arithmetic and indexing on a machine without a GPU.
  */
 #pragma once
 #include <atomic>
