@@ -25,15 +25,10 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # portconv from this checkout
 
-from model_profile import profiled, step_fn  # noqa: E402
+from model_profile import host_and_step, profiled, step_fn, sync  # noqa: E402
 
 import portconv  # noqa: E402
 from portconv.bench import models  # noqa: E402
-
-
-def _sync():
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def sides_of(model, dw_backend: str) -> dict:
@@ -42,23 +37,6 @@ def sides_of(model, dw_backend: str) -> dict:
         if isinstance(m, torch.nn.modules.conv._ConvNd) and m.groups > 1 and m.groups == m.in_channels:
             m.backend = dw_backend
     return {"torch": copy.deepcopy(model), "auto": portconv.convert(copy.deepcopy(model)), f"dw-{dw_backend}": dw}
-
-
-def host_and_step(steps: dict, rounds: int = 6) -> None:
-    times = collections.defaultdict(list)
-    for _ in range(rounds):
-        for side, fn in steps.items():
-            for _ in range(5):
-                _sync()
-                t0 = time.perf_counter()
-                fn()
-                times[side, "host"].append(time.perf_counter() - t0)
-                _sync()
-                times[side, "step"].append(time.perf_counter() - t0)
-    base = statistics.median(times["torch", "step"])
-    for side in steps:
-        h, s = statistics.median(times[side, "host"]), statistics.median(times[side, "step"])
-        print(f"  {side:>10}: host (idle GPU) {h * 1e3:7.2f} ms, step {s * 1e3:7.2f} ms, x PyTorch {base / s:.3f}")
 
 
 def module_host(model, step, n: int = 10) -> str:
@@ -71,21 +49,21 @@ def module_host(model, step, n: int = 10) -> str:
             hooks.append(m.register_forward_hook(
                 lambda mod, a, o, kind=kind: acc[kind].append(time.perf_counter() - mod._t0)))
     for _ in range(n):
-        _sync()
+        sync()
         step()
     for h in hooks:
         h.remove()
-    _sync()
+    sync()
     return ", ".join(f"{k} {statistics.median(v) * 1e6:.1f} us x{len(v) // n}" for k, v in sorted(acc.items()))
 
 
 def own_time(step, n: int = 5) -> dict:
     prof = cProfile.Profile()
-    _sync()
+    sync()
     prof.enable()
     for _ in range(n):
         step()
-    _sync()
+    sync()
     prof.disable()
     return {f"{k[0].split('/')[-1]}:{k[1]}:{k[2]}": (v[0] / n, v[2] / n) for k, v in pstats.Stats(prof).stats.items()}
 

@@ -45,6 +45,30 @@ def profiled(step, n=3):
     return kern, ops
 
 
+def sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def host_and_step(steps: dict, rounds: int = 6) -> None:
+    """Each side's median host time with the GPU idle at the step's start and its synchronised step, the sides
+    interleaved in turns of 5 (``steps``: side -> step, PyTorch's as 'torch')."""
+    times = collections.defaultdict(list)
+    for _ in range(rounds):
+        for side, fn in steps.items():
+            for _ in range(5):
+                sync()
+                t0 = time.perf_counter()
+                fn()
+                times[side, "host"].append(time.perf_counter() - t0)
+                sync()
+                times[side, "step"].append(time.perf_counter() - t0)
+    base = statistics.median(times["torch", "step"])
+    for side in steps:
+        h, s = statistics.median(times[side, "host"]), statistics.median(times[side, "step"])
+        print(f"  {side:>10}: host (idle GPU) {h * 1e3:7.2f} ms, step {s * 1e3:7.2f} ms, x PyTorch {base / s:.3f}")
+
+
 def plans_of(model, step, dtype) -> collections.Counter:
     """The plan of each convolution module's call in one step (under the step's autocast): its backend, and whether
     ATen records it (Plan.aten_autograd: no portconv autograd.Function on the call)."""
@@ -92,18 +116,7 @@ def profile_cell(cell: str):
     if not mode:  # (hooks on a compiled model's modules would recompile it)
         print("  auto's plans (backend, ATen records the call, per conv module): "
               + ", ".join(f"{k} x{v}" for k, v in plans_of(sides["auto"], steps["auto"], dtype).most_common()))
-    for side, fn in steps.items():  # host time: a step enqueued on an idle GPU, then the whole step
-        host, whole = [], []
-        for _ in range(10):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fn()
-            t1 = time.perf_counter()
-            torch.cuda.synchronize()
-            host.append(t1 - t0)
-            whole.append(time.perf_counter() - t0)
-        print(f"  {side}: host {statistics.median(host) * 1e3:.2f} ms, "
-              f"step {statistics.median(whole) * 1e3:.2f} ms")
+    host_and_step(steps)  # host time: a step enqueued on an idle GPU, then the whole step
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(5):
