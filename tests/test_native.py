@@ -114,6 +114,16 @@ def test_native_off(native_module, emu_kernels, knob_env, monkeypatch):
     _check((p.forward(x, w, b), *p.backward(go, x, w, (True, True, True))), ref, torch.float64, "python")
 
 
+def test_a_built_module_loads_without_a_build_toolchain(native_module):
+    """A later process finds the module in the cache and loads it without importing torch.utils.cpp_extension and
+    setuptools, whose import (only a build needs its header paths) held the GIL through a warm first step."""
+    env = {**os.environ, "PORTCONV_CACHE_DIR": str(knobs.env().cache_dir)}
+    code = ("import sys; from portconv import native; m = native.wait(); print(m is not None, native.status(), "
+            "sorted({'setuptools', 'torch.utils.cpp_extension'} & set(sys.modules)))")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.split() == ["True", "ready", "[]"], (r.stdout, r.stderr[-2000:])
+
+
 def test_native_build_failure_keeps_python(tmp_path):
     """A compiler that fails leaves the executor unavailable with the compiler's reason; nothing raises."""
     env = {**os.environ, "CXX": shutil.which("false") or "/bin/false", "PORTCONV_CACHE_DIR": str(tmp_path)}

@@ -58,15 +58,29 @@ def _compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
 
 
-def _flags(torch, name: str) -> list[str]:
-    from torch.utils import cpp_extension
-
+def _flags(torch, name: str, includes: list[str]) -> list[str]:
     lib = os.path.join(os.path.dirname(torch.__file__), "lib")
-    inc = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
     abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
     return ["-O2", "-std=c++20", "-shared", "-fPIC", "-fvisibility=hidden", f"-DTORCH_EXTENSION_NAME={name}",
-            "-DTORCH_API_INCLUDE_EXTENSION_H", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *(f"-I{p}" for p in inc),
+            "-DTORCH_API_INCLUDE_EXTENSION_H", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *(f"-I{p}" for p in includes),
             f"-L{lib}", "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python", f"-Wl,-rpath,{lib}"]
+
+
+def _includes() -> list[str]:
+    """torch's and Python's header folders. torch.utils.cpp_extension imports setuptools (about 0.4 s of the first
+    step's GIL, on the GPU host): only a build asks, the cache key names what these folders derive from."""
+    from torch.utils import cpp_extension
+
+    return [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
+
+
+def _key(torch, cxx: str) -> str:
+    """The cache name of the module: the source, torch (version and folder, which fix its headers), Python (version
+    and header folder), the compiler and the flags."""
+    parts = [SOURCE.read_bytes(), torch.__version__.encode(), os.path.dirname(torch.__file__).encode(),
+             sys.version.encode(), sysconfig.get_paths()["include"].encode(), cxx.encode(),
+             " ".join(_flags(torch, "x", [])).encode()]
+    return "portconv_native_" + hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
 
 def _build():
@@ -79,10 +93,7 @@ def _build():
     if not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")):
         raise RuntimeError(f"no Python.h under {sysconfig.get_paths()['include']} (install the Python headers, "
                            "e.g. python3-dev)")
-    source = SOURCE.read_bytes()
-    digest = hashlib.sha256(b"\0".join([source, torch.__version__.encode(), sys.version.encode(), cxx.encode(),
-                                        " ".join(_flags(torch, "x")).encode()])).hexdigest()[:16]
-    name = f"portconv_native_{digest}"
+    name = _key(torch, cxx)
     from ..diskcache import folder
 
     where = folder(pathlib.Path(knobs.env().cache_dir) / "native")
@@ -90,7 +101,7 @@ def _build():
         raise RuntimeError(f"no usable cache folder under {knobs.env().cache_dir}")
     so = where / f"{name}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
     if not so.exists():
-        _compile(cxx, so, _flags(torch, name))
+        _compile(cxx, so, _flags(torch, name, _includes()))
     spec = importlib.util.spec_from_file_location(name, so, loader=importlib.machinery.ExtensionFileLoader(name,
                                                                                                       str(so)))
     mod = importlib.util.module_from_spec(spec)
