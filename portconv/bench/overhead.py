@@ -47,25 +47,30 @@ def tiny_inputs(backend: str | None, device, shape=(1, 4, 8, 8), kernel: int = 3
     return x.to(device), w.to(device), sync, f"torch tensors on {device}"
 
 
-def _per_call_us(fn, sync, calls: int, repeats: int) -> dict:
-    """Back-to-back calls, one sync at the end: host cost per call (median over repeats), and single-call latency."""
-    fn()
-    sync()
-    batches = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        sync()
-        batches.append((time.perf_counter() - t0) * 1e6 / calls)
-    single = []
-    for _ in range(max(calls // 4, 10)):
-        t0 = time.perf_counter()
+def _per_call_us(cells: dict, calls: int, repeats: int) -> dict:
+    """``cells``: name -> (call, sync). Back-to-back calls with one sync at the end: host cost per call (median over
+    repeats), and single-call latency (median). The cells take turns batch by batch, so host noise (clocks, other
+    processes) falls on each alike."""
+    for fn, sync in cells.values():
         fn()
         sync()
-        single.append((time.perf_counter() - t0) * 1e6)
-    return {"per_call_us": Stats.of(batches).median, "per_call_stats_us": Stats.of(batches).as_dict(),
-            "synced_call_us": Stats.of(single).median, "synced_call_stats_us": Stats.of(single).as_dict()}
+    batches, single = {k: [] for k in cells}, {k: [] for k in cells}
+    for _ in range(repeats):
+        for k, (fn, sync) in cells.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            sync()
+            batches[k].append((time.perf_counter() - t0) * 1e6 / calls)
+    for _ in range(max(calls // 4, 10)):
+        for k, (fn, sync) in cells.items():
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            single[k].append((time.perf_counter() - t0) * 1e6)
+    return {k: {"per_call_us": Stats.of(batches[k]).median, "per_call_stats_us": Stats.of(batches[k]).as_dict(),
+                "synced_call_us": Stats.of(single[k]).median, "synced_call_stats_us": Stats.of(single[k]).as_dict()}
+            for k in cells}
 
 
 def overhead(backend: str | None = None, device=None, calls: int = 200, repeats: int = 15, compile: bool = True,
@@ -99,10 +104,9 @@ def overhead(backend: str | None = None, device=None, calls: int = 200, repeats:
         out = {"backend": backend or "auto", "plan_backend": str(plan.backend), "data": where,
                "torch_device": str(tdev), "shape": list(shape), "kernel": kernel, "calls": calls,
                "repeats": repeats, "target_us": TARGET_US}
-        out["torch"] = _per_call_us(lambda: F.conv2d(tx, tw, padding=pad), tsync, calls, repeats)
-        out["portconv"] = _per_call_us(lambda: portconv.conv2d(x, w, padding=pad, backend=backend), sync, calls,
-                                       repeats)
-        out["plan_forward"] = _per_call_us(lambda: plan.forward(x, w, None), sync, calls, repeats)
+        out.update(_per_call_us({"torch": (lambda: F.conv2d(tx, tw, padding=pad), tsync),
+                                 "portconv": (lambda: portconv.conv2d(x, w, padding=pad, backend=backend), sync),
+                                 "plan_forward": (lambda: plan.forward(x, w, None), sync)}, calls, repeats))
     for k in ("portconv", "plan_forward"):
         out[f"{k}_minus_torch_us"] = out[k]["per_call_us"] - out["torch"]["per_call_us"]
     out["within_target"] = out["portconv_minus_torch_us"] <= TARGET_US
@@ -162,12 +166,12 @@ def train_overhead(backend: str | None, device, calls: int = 200, repeats: int =
 
     with no_poison():
         out = {"calls": "torch.autograd.grad(conv2d(x, w, padding), (x, w), grad_output)",
-               "data": f"torch tensors on {tdev}", "torch": _per_call_us(step(F.conv2d), sync, calls, repeats),
-               "portconv": _per_call_us(step(ours), sync, calls, repeats),
+               "data": f"torch tensors on {tdev}",
                "module_calls": "torch.autograd.grad(module(x), (x, module.weight), grad_output): torch.nn.Conv2d "
                                "and portconv.convert() of it",
-               "torch_module": _per_call_us(module_step(theirs), sync, calls, repeats),
-               "portconv_module": _per_call_us(module_step(mine), sync, calls, repeats)}
+               **_per_call_us({"torch": (step(F.conv2d), sync), "portconv": (step(ours), sync),
+                               "torch_module": (module_step(theirs), sync),
+                               "portconv_module": (module_step(mine), sync)}, calls, repeats)}
     out["portconv_minus_torch_us"] = out["portconv"]["per_call_us"] - out["torch"]["per_call_us"]
     out["module_minus_torch_us"] = out["portconv_module"]["per_call_us"] - out["torch_module"]["per_call_us"]
     out["within_target"] = out["portconv_minus_torch_us"] <= TARGET_US
