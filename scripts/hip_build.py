@@ -271,8 +271,7 @@ def define_sets(target: str, targets=TARGETS) -> list[dict]:
     """The define sets compiled for ``target``: every one of hip.DEFINE_SETS for the first target; for the others
     float32 and bfloat16 with 32-bit indices. The dtype and index paths are target-independent code, checked once on
     the first target; a target changes the wavefront size and the instruction set, which float32 and a 16-bit type
-    exercise (as the nvcc check's sm_80 builds do). CI's AMD builds: 36 instead of 72 (a depthwise unit takes about
-    27 s at -O3)."""
+    exercise (as the nvcc check's sm_80 builds do). CI's AMD builds: 36 instead of 72."""
     sets = [dict(d) for d in hipbackend.DEFINE_SETS]
     if target == targets[0]:
         return sets

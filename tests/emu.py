@@ -39,8 +39,8 @@ class EmuKernels:
             warp = [] if self.warp is None else [f"-DPC_WARP_SIZE={self.warp}"]
             # -fno-gnu-unique: a function-local static (the emulator's __shared__) of an inline function is
             # otherwise one object per process, bound to the first library loaded, whatever this build's size.
-            # -O0: the emulator tests are bound by these builds, not by their runs (about 5x faster to build than
-            # -O1; the tests' emulated problems are small)
+            # -O0: the emulator tests are bound by these builds, not by their runs (their emulated problems are
+            # small)
             cmd = ["g++", "-std=c++20", "-O0", "-shared", "-fPIC", "-fno-gnu-unique", "-w", *warp,
                    *(f"-D{k}={v}" for k, v in defines.items()), str(self.tmp / f"{stem}.cpp"), "-o", str(so)]
             r = subprocess.run(cmd, capture_output=True, text=True)

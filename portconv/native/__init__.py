@@ -66,19 +66,20 @@ def _flags(torch, name: str, includes: list[str]) -> list[str]:
             f"-L{lib}", "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python", f"-Wl,-rpath,{lib}"]
 
 
-def _includes() -> list[str]:
-    """torch's and Python's header folders. torch.utils.cpp_extension imports setuptools (about 0.4 s of the first
-    step's GIL, on the GPU host): only a build asks, the cache key names what these folders derive from."""
+def _includes(python_include: str) -> list[str]:
+    """torch's and Python's header folders. torch.utils.cpp_extension imports setuptools, which a process that finds
+    the module built must not pay for (it holds the GIL through a warm first step): only a build asks, and the cache
+    key names what these folders derive from."""
     from torch.utils import cpp_extension
 
-    return [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
+    return [*cpp_extension.include_paths(), python_include]
 
 
-def _key(torch, cxx: str) -> str:
+def _key(torch, cxx: str, python_include: str) -> str:
     """The cache name of the module: the source, torch (version and folder, which fix its headers), Python (version
     and header folder), the compiler and the flags."""
     parts = [SOURCE.read_bytes(), torch.__version__.encode(), os.path.dirname(torch.__file__).encode(),
-             sys.version.encode(), sysconfig.get_paths()["include"].encode(), cxx.encode(),
+             sys.version.encode(), python_include.encode(), cxx.encode(),
              " ".join(_flags(torch, "x", [])).encode()]
     return "portconv_native_" + hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
@@ -90,10 +91,10 @@ def _build():
     cxx = _compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler (c++, g++ or clang++; or set CXX)")
-    if not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")):
-        raise RuntimeError(f"no Python.h under {sysconfig.get_paths()['include']} (install the Python headers, "
-                           "e.g. python3-dev)")
-    name = _key(torch, cxx)
+    python_include = sysconfig.get_paths()["include"]
+    if not os.path.exists(os.path.join(python_include, "Python.h")):
+        raise RuntimeError(f"no Python.h under {python_include} (install the Python headers, e.g. python3-dev)")
+    name = _key(torch, cxx, python_include)
     from ..diskcache import folder
 
     where = folder(pathlib.Path(knobs.env().cache_dir) / "native")
@@ -101,7 +102,7 @@ def _build():
         raise RuntimeError(f"no usable cache folder under {knobs.env().cache_dir}")
     so = where / f"{name}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
     if not so.exists():
-        _compile(cxx, so, _flags(torch, name, _includes()))
+        _compile(cxx, so, _flags(torch, name, _includes(python_include)))
     spec = importlib.util.spec_from_file_location(name, so, loader=importlib.machinery.ExtensionFileLoader(name,
                                                                                                       str(so)))
     mod = importlib.util.module_from_spec(spec)
